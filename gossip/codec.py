@@ -1,0 +1,232 @@
+"""Wire format of gossip packets and push-pull streams.
+
+A packet is ``version (1 byte) | flags (1 byte) | body``.  With encryption the body is
+``nonce | AES-256-GCM(ciphertext) | tag`` authenticated together with the two header bytes;
+otherwise it is the plaintext.  The plaintext is one msgpack array of messages (a *compound*),
+each message itself an array ``[type, field, ...]``, so one UDP packet carries a probe plus
+piggybacked broadcasts.  Everything is validated on the way in: a packet that fails any check is
+rejected as a whole with a :class:`DecodeError` whose ``reason`` is a short metric label.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from gossip.keyring import NONCE_BYTES, TAG_BYTES, Keyring
+
+VERSION = 1
+FLAG_ENCRYPTED = 0x01
+MAX_PACKET_BYTES = 65535
+
+PING, INDIRECT_PING, ACK, NACK, ALIVE, SUSPECT, DEAD, STATE = range(1, 9)
+MESSAGE_NAMES = {PING: "ping", INDIRECT_PING: "indirect_ping", ACK: "ack", NACK: "nack",
+                 ALIVE: "alive", SUSPECT: "suspect", DEAD: "dead", STATE: "state"}
+
+MAX_NAME = 128
+MAX_HOST = 255
+MAX_U64 = 2**64 - 1
+MAX_ACK_PAYLOAD = 512
+MAX_META = 4096
+MAX_BLOB = 1 << 20
+
+ENCRYPTION_OVERHEAD = NONCE_BYTES + TAG_BYTES
+HEADER_BYTES = 2
+ARRAY_HEADER_MAX = 3  # msgpack array16 header
+
+DROP_REASONS = ("truncated", "oversized", "version", "unencrypted", "no_key", "auth",
+                "msgpack", "schema", "unknown_type")
+"""Every reason a packet can be dropped for, so metrics can expose them all from the start."""
+
+
+class DecodeError(Exception):
+    """A packet or stream that is rejected; ``reason`` is one of :data:`DROP_REASONS`."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+# --- message constructors (each returns one encoded message) ---------------------------------
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def ping(seq: int, target: str, source: str) -> bytes:
+    return _pack([PING, seq, target, source])
+
+
+def indirect_ping(seq: int, target: str, host: str, port: int, nack: bool, source: str) -> bytes:
+    return _pack([INDIRECT_PING, seq, target, host, port, nack, source])
+
+
+def ack(seq: int, payload: bytes = b"") -> bytes:
+    return _pack([ACK, seq, payload])
+
+
+def nack(seq: int) -> bytes:
+    return _pack([NACK, seq])
+
+
+def alive(incarnation: int, name: str, host: str, port: int, meta: bytes) -> bytes:
+    return _pack([ALIVE, incarnation, name, host, port, meta])
+
+
+def suspect(incarnation: int, name: str, from_node: str) -> bytes:
+    return _pack([SUSPECT, incarnation, name, from_node])
+
+
+def dead(incarnation: int, name: str, from_node: str) -> bytes:
+    return _pack([DEAD, incarnation, name, from_node])
+
+
+def state(name: str, version: int, blob: bytes) -> bytes:
+    return _pack([STATE, name, version, blob])
+
+
+def compound(messages: list[bytes]) -> bytes:
+    """A msgpack array of already-encoded messages (no re-encoding)."""
+    n = len(messages)
+    head = bytes([0x90 | n]) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
+    return head + b"".join(messages)
+
+
+# --- framing ---------------------------------------------------------------------------------
+
+def seal(plaintext: bytes, keyring: Keyring | None) -> bytes:
+    """Frame (and with a keyring, encrypt) a plaintext body."""
+    if keyring is None:
+        return bytes((VERSION, 0)) + plaintext
+    header = bytes((VERSION, FLAG_ENCRYPTED))
+    return header + keyring.encrypt(plaintext, header)
+
+
+def open_frame(data: bytes, keyring: Keyring | None, max_bytes: int = MAX_PACKET_BYTES) -> bytes:
+    """The plaintext body of a framed packet; raises :class:`DecodeError`."""
+    if len(data) < HEADER_BYTES + 1:
+        raise DecodeError("truncated", f"{len(data)} bytes")
+    if len(data) > max_bytes:
+        raise DecodeError("oversized", f"{len(data)} bytes")
+    if data[0] != VERSION:
+        raise DecodeError("version", f"version {data[0]}")
+    flags = data[1]
+    if flags & ~FLAG_ENCRYPTED:
+        raise DecodeError("version", f"unknown flags {flags:#x}")
+    encrypted = bool(flags & FLAG_ENCRYPTED)
+    if keyring is None:
+        if encrypted:
+            raise DecodeError("no_key", "encrypted packet but no keyring")
+        return data[HEADER_BYTES:]
+    if not encrypted:
+        raise DecodeError("unencrypted", "plaintext packet while encryption is on")
+    plain = keyring.decrypt(data[HEADER_BYTES:], data[:HEADER_BYTES])
+    if plain is None:
+        raise DecodeError("auth", "no installed key authenticates the packet")
+    return plain
+
+
+def _unpack(body: bytes, max_len: int) -> Any:
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True,
+                               max_bin_len=max_len, max_str_len=max_len,
+                               max_array_len=max(16, max_len // 2), max_map_len=64,
+                               max_ext_len=0)
+    except Exception as exc:  # msgpack raises many exception types on garbage input
+        raise DecodeError("msgpack", type(exc).__name__) from None
+
+
+# --- validation ------------------------------------------------------------------------------
+
+def _is_u64(v: object) -> bool:
+    return type(v) is int and 0 <= v <= MAX_U64  # noqa: E721 - bool is not a sequence number
+
+
+def _is_name(v: object) -> bool:
+    return type(v) is str and 0 < len(v) <= MAX_NAME  # noqa: E721
+
+
+def _is_host(v: object) -> bool:
+    return type(v) is str and 0 < len(v) <= MAX_HOST  # noqa: E721
+
+
+def _is_port(v: object) -> bool:
+    return type(v) is int and 0 < v <= 65535  # noqa: E721
+
+
+def _is_bytes(v: object, limit: int) -> bool:
+    return type(v) is bytes and len(v) <= limit  # noqa: E721
+
+
+_SCHEMAS: dict[int, tuple[Any, ...]] = {
+    PING: (_is_u64, lambda v: type(v) is str and len(v) <= MAX_NAME, _is_name),  # noqa: E721
+    INDIRECT_PING: (_is_u64, _is_name, _is_host, _is_port, lambda v: type(v) is bool, _is_name),  # noqa: E721
+    ACK: (_is_u64, lambda v: _is_bytes(v, MAX_ACK_PAYLOAD)),
+    NACK: (_is_u64,),
+    ALIVE: (_is_u64, _is_name, _is_host, _is_port, lambda v: _is_bytes(v, MAX_META)),
+    SUSPECT: (_is_u64, _is_name, _is_name),
+    DEAD: (_is_u64, _is_name, _is_name),
+    STATE: (_is_name, _is_u64, lambda v: _is_bytes(v, MAX_BLOB)),
+}
+
+
+def validate_message(msg: object) -> list[Any]:
+    """Check one decoded message against its schema and return it."""
+    if type(msg) is not list or not msg:
+        raise DecodeError("schema", "message is not a non-empty array")
+    kind = msg[0]
+    schema = _SCHEMAS.get(kind) if type(kind) is int else None  # noqa: E721
+    if schema is None:
+        raise DecodeError("unknown_type", f"message type {kind!r}")
+    if len(msg) != len(schema) + 1:
+        raise DecodeError("schema", f"{MESSAGE_NAMES[kind]} has {len(msg) - 1} fields")
+    for i, check in enumerate(schema, 1):
+        if not check(msg[i]):
+            raise DecodeError("schema", f"{MESSAGE_NAMES[kind]} field {i} is invalid")
+    return msg
+
+
+def decode_packet(data: bytes, keyring: Keyring | None) -> list[list[Any]]:
+    """All messages of a packet, validated; raises :class:`DecodeError`."""
+    body = open_frame(data, keyring)
+    msgs = _unpack(body, MAX_PACKET_BYTES)
+    if type(msgs) is not list or not msgs:
+        raise DecodeError("schema", "packet body is not a non-empty array")
+    return [validate_message(m) for m in msgs]
+
+
+# --- push-pull streams -----------------------------------------------------------------------
+
+# One node record in a push-pull exchange: [name, host, port, incarnation, status, meta].
+NodeRecord = list[Any]
+# One state record: [name, version, blob].
+StateRecord = list[Any]
+
+
+def encode_stream(source: str, join: bool, nodes: list[NodeRecord], states: list[StateRecord],
+                  keyring: Keyring | None) -> bytes:
+    """A sealed push-pull payload with our full membership and node-state tables."""
+    return seal(msgpack.packb([source, join, nodes, states], use_bin_type=True), keyring)
+
+
+def decode_stream(data: bytes, keyring: Keyring | None,
+                  max_bytes: int) -> tuple[str, bool, list[NodeRecord], list[StateRecord]]:
+    """Parse and validate a push-pull payload; raises :class:`DecodeError`."""
+    body = open_frame(data, keyring, max_bytes)
+    obj = _unpack(body, max_bytes)
+    if not (type(obj) is list and len(obj) == 4):
+        raise DecodeError("schema", "push-pull payload must be a 4-element array")
+    source, join, nodes, states = obj
+    if not (_is_name(source) and type(join) is bool and type(nodes) is list
+            and type(states) is list):
+        raise DecodeError("schema", "push-pull header fields are invalid")
+    for rec in nodes:
+        if not (type(rec) is list and len(rec) == 6 and _is_name(rec[0]) and _is_host(rec[1])
+                and _is_port(rec[2]) and _is_u64(rec[3]) and type(rec[4]) is int
+                and 0 <= rec[4] <= 3 and _is_bytes(rec[5], MAX_META)):
+            raise DecodeError("schema", "push-pull node record is invalid")
+    for rec in states:
+        if not (type(rec) is list and len(rec) == 3 and _is_name(rec[0]) and _is_u64(rec[1])
+                and _is_bytes(rec[2], MAX_BLOB)):
+            raise DecodeError("schema", "push-pull state record is invalid")
+    return source, join, nodes, states

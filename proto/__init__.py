@@ -1,0 +1,1 @@
+"""Protocol buffer definitions (mesh.v1) and their generated Python code."""

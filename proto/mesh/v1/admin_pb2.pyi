@@ -1,0 +1,65 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MembersRequest(_message.Message):
+    __slots__ = ("status", "role")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    status: _containers.RepeatedScalarFieldContainer[str]
+    role: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[_Iterable[str]] = ..., role: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("name", "address", "status", "incarnation", "roles", "zone", "region", "tags", "ports", "status_age_seconds", "is_local")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class PortsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IS_LOCAL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    status: str
+    incarnation: int
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    zone: str
+    region: str
+    tags: _containers.ScalarMap[str, str]
+    ports: _containers.ScalarMap[str, int]
+    status_age_seconds: float
+    is_local: bool
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., incarnation: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., region: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., ports: _Optional[_Mapping[str, int]] = ..., status_age_seconds: _Optional[float] = ..., is_local: _Optional[bool] = ...) -> None: ...
+
+class MembersResponse(_message.Message):
+    __slots__ = ("members", "local_node", "health_score")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_NODE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_SCORE_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    local_node: str
+    health_score: int
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., local_node: _Optional[str] = ..., health_score: _Optional[int] = ...) -> None: ...
