@@ -1,0 +1,243 @@
+"""The meshd agent process: gossip membership, admin API, metrics and logs, with a graceful
+leave on SIGTERM/Ctrl-C.
+
+Later layers (topology, consensus, certs, adapters) plug in here; nothing below ``meshd/``
+knows about the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+from gossip.config import Config
+from gossip.events import EventKind, MemberEvent
+from gossip.keyring import Keyring
+from gossip.protocol import Swim
+from gossip.state import Addr, NodeMeta
+from gossip.transport import GossipTransport, family_of
+from meshd import admin
+from meshd.metrics import AgentMetrics
+from meshd.settings import Settings, parse_hostport
+
+log = logging.getLogger("meshd.agent")
+
+_LEVELS = {EventKind.CONFLICT: logging.WARNING, EventKind.FAILED: logging.WARNING,
+           EventKind.SUSPECT: logging.INFO, EventKind.STATE: logging.DEBUG}
+MAX_RETRY_DELAY = 30.0
+
+
+class JoinFailed(RuntimeError):
+    """No seed answered and ``--retry-join`` was not given (or retries ran out)."""
+
+
+def detect_advertise(bind_host: str, seeds: list[Addr]) -> str:
+    """The address peers should use to reach us when we bound a wildcard address.
+
+    Asks the OS which local address routes to the first seed (a UDP ``connect`` sends
+    nothing); without seeds, the first non-loopback address of the host name.
+    """
+    if bind_host not in ("0.0.0.0", "::", ""):
+        return bind_host
+    for host, port in seeds:
+        with contextlib.suppress(OSError), socket.socket(family_of(host), socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            return str(s.getsockname()[0])
+    with contextlib.suppress(OSError):
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+            ip = str(info[4][0])
+            if not ipaddress.ip_address(ip).is_loopback:
+                return ip
+    return "127.0.0.1"
+
+
+class DataDir:
+    """What survives a restart: our last incarnation and the members we last saw alive.
+
+    Restarting at a higher incarnation means our new ``alive`` wins at once instead of after a
+    refutation round trip; the member list lets a restarted node rejoin when its seeds are gone.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path) if path else None
+        if self.path is not None:
+            self.path.mkdir(parents=True, exist_ok=True)
+
+    def load(self) -> dict[str, object]:
+        if self.path is None:
+            return {}
+        try:
+            data = json.loads((self.path / "gossip.json").read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def save(self, incarnation: int, peers: list[str]) -> None:
+        if self.path is None:
+            return
+        tmp = self.path / "gossip.json.tmp"
+        tmp.write_text(json.dumps({"incarnation": incarnation, "peers": peers}))
+        os.replace(tmp, self.path / "gossip.json")
+
+
+class Agent:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stopping = asyncio.Event()
+        self.swim: Swim | None = None
+        self.transport: GossipTransport | None = None
+        self.metrics: AgentMetrics | None = None
+        self._admin: object | None = None
+        self._data = DataDir(settings.data_dir)
+
+    async def run(self) -> int:
+        s = self.settings
+        saved = self._data.load()
+        config = Config.profile_named(s.profile)
+        keyring = Keyring.from_base64(s.encrypt) if s.encrypt else None
+        loop = asyncio.get_running_loop()
+        seeds = [await self._resolve(a) for a in s.seeds()]
+
+        transport = GossipTransport(s.gossip_binds(), tcp_timeout=config.tcp_timeout,
+                                    max_stream_bytes=config.max_stream_bytes,
+                                    required=bool(s.bind), on_events=self._on_events)
+        try:
+            port = await transport.bind()
+        except OSError as exc:
+            log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
+            return 1
+        self.transport = transport
+        adv_host, adv_port = detect_advertise(s.gossip_binds()[0][0], seeds), port
+        if s.advertise:
+            adv_host, adv_port = parse_hostport(s.advertise, port, "advertise")
+        admin_host, admin_port = s.admin_addr()
+        metrics_addr = s.metrics_addr()
+        ports = {"gossip": adv_port, "admin": admin_port}
+        if metrics_addr:
+            ports["metrics"] = metrics_addr[1]
+        meta = NodeMeta.build(s.roles, s.zone, s.region, ports, s.tags)
+        incarnation = int(saved.get("incarnation", -1)) + 1  # type: ignore[call-overload]
+        swim = Swim(config, s.node, (adv_host, adv_port), meta, now=loop.time(),
+                    keyring=keyring, incarnation=incarnation)
+        self.swim = swim
+        self.metrics = AgentMetrics(swim)
+        transport.on_rtts = self.metrics.observe_rtts
+        transport.attach(swim)
+        self._data.save(swim.incarnation, list(saved.get("peers", []) or []))  # type: ignore[call-overload]
+        try:
+            self._admin = await admin.serve(swim, loop.time, admin_host, admin_port)
+            if metrics_addr:
+                self.metrics.serve(*metrics_addr)
+        except OSError as exc:
+            log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
+            await self._shutdown(leave=False)
+            return 1
+        log.info("agent started", extra={
+            "event": "agent_started", "addr": f"{adv_host}:{adv_port}", "profile": s.profile,
+            "encrypted": keyring is not None, "admin": f"{admin_host}:{admin_port}",
+            "metrics": f"{metrics_addr[0]}:{metrics_addr[1]}" if metrics_addr else "off",
+            "incarnation": swim.incarnation, "roles": list(meta.roles)})
+        self._install_signals()
+        joiner = asyncio.create_task(self._join(seeds, saved))
+        stopper = asyncio.create_task(self.stopping.wait())
+        await asyncio.wait({joiner, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        if joiner.done() and joiner.exception() is not None:
+            log.error("join failed", extra={"event": "join_failed",
+                                            "detail": str(joiner.exception())})
+            code = 1
+            self.stopping.set()
+        await self.stopping.wait()
+        joiner.cancel()
+        stopper.cancel()
+        await self._shutdown(leave=code == 0)
+        return code
+
+    async def _resolve(self, addr: Addr) -> Addr:
+        host, port = addr
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        except OSError as exc:
+            raise JoinFailed(f"cannot resolve seed {host}: {exc}") from None
+        return str(infos[0][4][0]), port
+
+    async def _join(self, seeds: list[Addr], saved: dict[str, object]) -> None:
+        assert self.transport is not None
+        s = self.settings
+        peers = [tuple(p) for p in saved.get("peers", []) or []  # type: ignore[attr-defined]
+                 if isinstance(p, list) and len(p) == 2]
+        candidates = seeds or [(str(h), int(p)) for h, p in peers]
+        if not candidates:
+            return
+        delay = s.retry_interval
+        attempt = 0
+        while True:
+            attempt += 1
+            ok = await self.transport.join(candidates)
+            if ok:
+                log.info("joined", extra={"event": "joined", "seeds_answered": ok,
+                                          "attempt": attempt})
+                return
+            if seeds and peers and candidates is seeds:
+                candidates = seeds + [(str(h), int(p)) for h, p in peers]
+            if not s.retry_join or (s.retry_max and attempt >= s.retry_max):
+                raise JoinFailed("no seed answered: " + ", ".join(f"{h}:{p}" for h, p in seeds))
+            log.warning("join attempt failed; retrying", extra={
+                "event": "join_retry", "attempt": attempt, "retry_in": round(delay, 2)})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RETRY_DELAY)
+
+    def _on_events(self, events: list[MemberEvent]) -> None:
+        persist = False
+        for ev in events:
+            m = ev.member
+            level = _LEVELS.get(ev.kind, logging.INFO)
+            if log.isEnabledFor(level):
+                log.log(level, f"member {ev.kind.value}: {m.name}", extra={
+                    "event": f"member_{ev.kind.value}", "member": m.name,
+                    "member_addr": f"{m.addr[0]}:{m.addr[1]}", "incarnation": m.incarnation,
+                    "status": m.status.label, "detail": ev.detail})
+            persist |= ev.kind in (EventKind.JOIN, EventKind.FAILED, EventKind.LEFT,
+                                   EventKind.REFUTE)
+        if persist and self.swim is not None:
+            peers = [list(m.addr) for m in self.swim.members()
+                     if m.live and m.name != self.swim.name]
+            self._data.save(self.swim.incarnation, peers)
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+            except (NotImplementedError, RuntimeError):  # Windows: no loop signal handlers
+                signal.signal(sig, lambda *_: loop.call_soon_threadsafe(self.stop))
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def _shutdown(self, leave: bool) -> None:
+        if leave and self.transport is not None and self.swim is not None:
+            log.info("leaving", extra={"event": "leaving"})
+            await self.transport.leave()
+            self._data.save(self.swim.incarnation,
+                            [list(m.addr) for m in self.swim.members()
+                             if m.live and m.name != self.swim.name])
+        if self._admin is not None:
+            await self._admin.stop(0.5)  # type: ignore[attr-defined]
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.transport is not None:
+            await self.transport.close()
+        log.info("agent stopped", extra={"event": "agent_stopped"})
+
+
+def main(settings: Settings) -> int:
+    return asyncio.run(Agent(settings).run())

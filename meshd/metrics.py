@@ -1,0 +1,121 @@
+"""Prometheus metrics of the agent, named ``meshd_<layer>_<what>_<unit>``.
+
+Counters live in the protocol core (``gossip.stats.Stats``) and are read at scrape time by a
+custom collector, so the hot path only increments integers.  Probe RTTs go into a real histogram.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gossip.protocol import Swim
+from gossip.state import Status
+
+RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class GossipCollector(Collector):
+    """Reads a ``Swim`` core's counters and member table at scrape time."""
+
+    def __init__(self, swim: Swim) -> None:
+        self.swim = swim
+
+    def collect(self) -> Iterator[Metric]:
+        swim, st, node = self.swim, self.swim.stats, self.swim.name
+        members = GaugeMetricFamily("meshd_gossip_members", "Members by status as seen here",
+                                    labels=["node", "status"])
+        counts = dict.fromkeys(Status, 0)
+        for m in swim.members():
+            counts[m.status] += 1
+        for status, n in counts.items():
+            members.add_metric([node, status.label], n)
+        yield members
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=["node"])
+            c.add_metric([node], value)
+            return c
+
+        probes = CounterMetricFamily("meshd_gossip_probes", "Failure-detection probes by result",
+                                     labels=["node", "result"])
+        probes.add_metric([node, "ok"], st.probes_ok)
+        probes.add_metric([node, "failed"], st.probes_failed)
+        yield probes
+        yield counter("meshd_gossip_indirect_probes", "Indirect probes requested",
+                      st.indirect_probes_sent)
+        yield counter("meshd_gossip_suspicions_raised", "Suspicions raised after failed probes",
+                      st.suspicions_raised)
+        yield counter("meshd_gossip_suspicions_refuted",
+                      "Suspected members that proved alive", st.suspicions_refuted)
+        yield counter("meshd_gossip_refutations", "Suspicions of this node it refuted",
+                      st.refutations)
+        yield counter("meshd_gossip_name_conflicts", "Alive messages claiming a live name",
+                      st.conflicts)
+        packets = CounterMetricFamily("meshd_gossip_packets", "UDP packets",
+                                      labels=["node", "direction"])
+        packets.add_metric([node, "sent"], st.packets_sent)
+        packets.add_metric([node, "received"], st.packets_received)
+        yield packets
+        nbytes = CounterMetricFamily("meshd_gossip_packet_bytes", "UDP payload bytes",
+                                     labels=["node", "direction"])
+        nbytes.add_metric([node, "sent"], st.bytes_sent)
+        nbytes.add_metric([node, "received"], st.bytes_received)
+        yield nbytes
+        dropped = CounterMetricFamily("meshd_gossip_packets_dropped",
+                                      "Packets and streams dropped, by reason",
+                                      labels=["node", "reason"])
+        for reason, n in sorted(st.dropped.items()):
+            dropped.add_metric([node, reason], n)
+        yield dropped
+        pp = CounterMetricFamily("meshd_gossip_push_pull", "Push-pull exchanges by result",
+                                 labels=["node", "result"])
+        pp.add_metric([node, "completed"], st.push_pull_completed)
+        pp.add_metric([node, "served"], st.push_pull_received)
+        pp.add_metric([node, "failed"], st.push_pull_failed)
+        yield pp
+        ppb = CounterMetricFamily("meshd_gossip_push_pull_bytes", "Push-pull payload bytes",
+                                  labels=["node", "direction"])
+        ppb.add_metric([node, "sent"], st.push_pull_bytes_sent)
+        ppb.add_metric([node, "received"], st.push_pull_bytes_received)
+        yield ppb
+        for name, doc, value in (
+            ("meshd_gossip_broadcast_queue_depth", "Broadcasts waiting to be sent",
+             swim.broadcast_queue_depth()),
+            ("meshd_gossip_health_score", "Lifeguard local health score (0 is healthy)",
+             swim.awareness.score),
+            ("meshd_gossip_incarnation", "This node's incarnation", swim.incarnation),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=["node"])
+            g.add_metric([node], value)
+            yield g
+
+
+class AgentMetrics:
+    """The agent's registry: gossip counters plus a probe RTT histogram."""
+
+    def __init__(self, swim: Swim) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(GossipCollector(swim))
+        self.probe_rtt = Histogram("meshd_gossip_probe_rtt_seconds",
+                                   "Round-trip time of direct probes", ["node"],
+                                   buckets=RTT_BUCKETS, registry=self.registry)
+        self._rtt = self.probe_rtt.labels(swim.name)
+        self._server: object | None = None
+
+    def observe_rtts(self, rtts: Iterable[float]) -> None:
+        for rtt in rtts:
+            self._rtt.observe(rtt)
+
+    def serve(self, host: str, port: int) -> None:
+        """Serve ``/metrics`` on ``host:port`` from a daemon thread."""
+        self._server, _thread = start_http_server(port, host, registry=self.registry)
+
+    def close(self) -> None:
+        server = self._server
+        if server is not None:
+            server.shutdown()  # type: ignore[attr-defined]
+            server.server_close()  # type: ignore[attr-defined]

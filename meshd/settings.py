@@ -1,0 +1,254 @@
+"""Agent settings from a TOML file, ``MESHD_*`` environment variables and the command line.
+
+Later sources win: defaults < ``--config`` file < environment < flags.  Every value is checked
+here, so a typo fails at start-up with a message naming the setting rather than later at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from gossip.keyring import KeyringError, decode_key
+from gossip.state import ROLES, Addr
+
+DEFAULT_GOSSIP_PORT = 7946
+DEFAULT_ADMIN_PORT = 7960
+DEFAULT_METRICS_PORT = 9464
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names it."""
+
+
+@dataclass(slots=True)
+class Settings:
+    node: str = field(default_factory=socket.gethostname)
+    """Node name, unique in the mesh (default: the host name)."""
+    bind: str = ""
+    """Gossip address ``ADDR:PORT`` (UDP and TCP); empty binds 0.0.0.0 and :: on 7946."""
+    advertise: str = ""
+    """Address (``ADDR`` or ``ADDR:PORT``) others reach us at; default: the bind address, or the
+    address of the interface that routes to the first seed."""
+    join: list[str] = field(default_factory=list)
+    """Seeds ``HOST:PORT`` to join through."""
+    retry_join: bool = False
+    """Keep retrying the join with exponential backoff until a seed answers."""
+    retry_max: int = 0
+    """Give up after this many join attempts (0: never)."""
+    retry_interval: float = 1.0
+    """First retry delay; doubles up to 30 s."""
+    roles: list[str] = field(default_factory=list)
+    zone: str = ""
+    region: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+    encrypt: str = dataclasses.field(default="", repr=False)
+    """Base64 AES-256 gossip key (secret: never logged)."""
+    profile: str = "lan"
+    """Protocol timings: lan, wan or local."""
+    data_dir: str = ""
+    """Where the agent keeps its incarnation and last known members across restarts."""
+    admin: str = ""
+    """Admin gRPC address (loopback only until mTLS lands); default: bind host if loopback,
+    else 127.0.0.1, port 7960."""
+    metrics: str = ""
+    """Prometheus ``/metrics`` address, or ``off``; default: bind host (or 0.0.0.0), port 9464."""
+    log_level: str = "info"
+
+    # --- derived ---------------------------------------------------------------------------
+
+    def gossip_binds(self) -> list[Addr]:
+        if not self.bind:
+            return [("0.0.0.0", DEFAULT_GOSSIP_PORT), ("::", DEFAULT_GOSSIP_PORT)]
+        return [parse_hostport(self.bind, DEFAULT_GOSSIP_PORT, "bind")]
+
+    def admin_addr(self) -> Addr:
+        if self.admin:
+            return parse_hostport(self.admin, DEFAULT_ADMIN_PORT, "admin")
+        host = self.gossip_binds()[0][0]
+        return (host if is_loopback(host) else "127.0.0.1", DEFAULT_ADMIN_PORT)
+
+    def metrics_addr(self) -> Addr | None:
+        if self.metrics == "off":
+            return None
+        if self.metrics:
+            return parse_hostport(self.metrics, DEFAULT_METRICS_PORT, "metrics")
+        host = self.gossip_binds()[0][0]
+        return (host, DEFAULT_METRICS_PORT)
+
+    def seeds(self) -> list[Addr]:
+        return [parse_hostport(s, DEFAULT_GOSSIP_PORT, "join") for s in self.join]
+
+    def validate(self) -> None:
+        if not 0 < len(self.node) <= 128:
+            raise SettingsError("node: name must be 1..128 characters")
+        if self.profile not in ("lan", "wan", "local"):
+            raise SettingsError(f"profile: {self.profile!r} is not one of lan, wan, local")
+        for role in self.roles:
+            if role not in ROLES:
+                raise SettingsError(f"role: {role!r} is not one of {', '.join(ROLES)}")
+        for k, v in self.tags.items():
+            if not k or len(k) > 64 or len(v) > 256:
+                raise SettingsError(f"tag: {k!r} must be 1..64 characters with a value of at "
+                                    "most 256")
+        if len(self.zone) > 64 or len(self.region) > 64:
+            raise SettingsError("zone/region: at most 64 characters")
+        if self.encrypt:
+            try:
+                decode_key(self.encrypt)
+            except KeyringError as exc:
+                raise SettingsError(f"encrypt: {exc}") from None
+        self.gossip_binds()
+        self.seeds()
+        if self.advertise:
+            parse_hostport(self.advertise, 0, "advertise")
+        host, _ = self.admin_addr()
+        if not is_loopback(host):
+            raise SettingsError(f"admin: {host} is not a loopback address; the admin API is "
+                                "plaintext until mTLS lands, so it only listens on loopback")
+        self.metrics_addr()
+        if self.retry_max < 0 or self.retry_interval <= 0:
+            raise SettingsError("retry: retry_max must be >= 0 and retry_interval > 0")
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def parse_hostport(text: str, default_port: int, what: str) -> Addr:
+    """``host``, ``host:port``, ``[v6]:port`` or a bare IPv6 literal."""
+    text = text.strip()
+    host, port_text = text, ""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise SettingsError(f"{what}: {text!r} has an unclosed '['")
+        host, rest = text[1:end], text[end + 1:]
+        if rest:
+            if not rest.startswith(":"):
+                raise SettingsError(f"{what}: {text!r} is not [ADDR]:PORT")
+            port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    if not host:
+        raise SettingsError(f"{what}: {text!r} has no host")
+    port = default_port
+    if port_text:
+        if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+            raise SettingsError(f"{what}: port {port_text!r} is not 0..65535")
+        port = int(port_text)
+    return host, port
+
+
+def _split_list(value: str | list[str]) -> list[str]:
+    items = value if isinstance(value, list) else [value]
+    return [p.strip() for item in items for p in str(item).split(",") if p.strip()]
+
+
+def _parse_tags(items: list[str]) -> dict[str, str]:
+    tags: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise SettingsError(f"tag: {item!r} is not key=value")
+        k, v = item.split("=", 1)
+        tags[k.strip()] = v.strip()
+    return tags
+
+
+_LISTS = {"join", "roles"}
+_BOOLS = {"retry_join"}
+_INTS = {"retry_max"}
+_FLOATS = {"retry_interval"}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    try:
+        if name in _LISTS:
+            return _split_list(value)
+        if name == "tags":
+            if isinstance(value, dict):
+                return {str(k): str(v) for k, v in value.items()}
+            return _parse_tags(_split_list(value))
+        if name in _BOOLS:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(value)
+        if name in _INTS:
+            return int(value)
+        if name in _FLOATS:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name} (from {source}): {value!r} is not valid") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="meshd", description="meshd: peer-to-peer mesh agent")
+    a = p.add_argument
+    a("--config", metavar="FILE", help="TOML settings file")
+    a("--node", help="node name (default: host name)")
+    a("--bind", metavar="ADDR:PORT", help="gossip address (default 0.0.0.0 and :: on 7946)")
+    a("--advertise", metavar="ADDR[:PORT]", help="address others reach us at")
+    a("--join", action="append", metavar="HOST:PORT", help="seed to join (repeatable)")
+    a("--retry-join", action="store_true", default=None, help="retry the join with backoff")
+    a("--retry-max", type=int, help="give up after N join attempts (0: never)")
+    a("--retry-interval", type=float, help="first retry delay in seconds")
+    a("--role", dest="roles", action="append", help=f"role: {', '.join(ROLES)} (repeatable)")
+    a("--zone")
+    a("--region")
+    a("--tag", dest="tags", action="append", metavar="K=V", help="free-form tag (repeatable)")
+    a("--encrypt", metavar="KEY", help="base64 AES-256 gossip key")
+    a("--profile", choices=["lan", "wan", "local"], help="protocol timings")
+    a("--data-dir", metavar="DIR")
+    a("--admin", metavar="ADDR:PORT", help="admin gRPC address (loopback)")
+    a("--metrics", metavar="ADDR:PORT", help="Prometheus address, or 'off'")
+    a("--log-level", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Settings from defaults, the TOML file, ``MESHD_*`` variables and ``argv``."""
+    args = build_parser().parse_args(argv)
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    names = [f.name for f in dataclasses.fields(Settings)]
+    config_file = args.config or env.get("MESHD_CONFIG")
+    if config_file:
+        try:
+            with open(config_file, "rb") as fh:
+                doc = tomllib.load(fh)
+        except OSError as exc:
+            raise SettingsError(f"config: cannot read {config_file}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"config: {config_file} is not valid TOML: {exc}") from None
+        for key, value in doc.items():
+            name = key.replace("-", "_")
+            if name == "role":
+                name = "roles"
+            if name not in names:
+                raise SettingsError(f"config: unknown setting {key!r} in {config_file}")
+            values[name] = _coerce(name, value, config_file)
+    for name in names:
+        for var in (f"MESHD_{name.upper()}",) + (("MESHD_ROLE",) if name == "roles" else ()):
+            if var in env:
+                values[name] = _coerce(name, env[var], var)
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = _coerce(name, value, "--" + name.replace("_", "-"))
+    settings = Settings(**values)
+    settings.validate()
+    return settings
