@@ -15,8 +15,9 @@ import math
 def suspicion_timeout(suspicion_mult: int, n_members: int, probe_interval: float) -> float:
     """The minimum suspicion timeout: ``mult * max(1, log10(N)) * probe_interval``."""
     node_scale = max(1.0, math.log10(max(1, n_members)))
-    # Rounded to the millisecond, as memberlist does, so timers are reproducible.
-    return math.floor(suspicion_mult * node_scale * probe_interval * 1000.0) / 1000.0
+    # memberlist truncates the node scale (not the product) to thousandths, so timers are
+    # reproducible and match its values: N=50, mult 3, 1 s -> 3 * 1.698 s = 5.094 s.
+    return suspicion_mult * math.floor(node_scale * 1000.0) * probe_interval / 1000.0
 
 
 def remaining_suspicion_time(n: int, k: int, elapsed: float, min_timeout: float,

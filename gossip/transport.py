@@ -203,7 +203,7 @@ class GossipTransport:
             if reply is not None:
                 writer.write(_LEN.pack(len(reply)) + reply)
                 await asyncio.wait_for(writer.drain(), self.tcp_timeout)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
             if self.swim is not None:
                 self.swim.stats.drop("truncated", stream=True)
         finally:
@@ -233,7 +233,7 @@ class GossipTransport:
                 data = await self._read_frame(reader)
             if data is not None:
                 ok = self.swim.stream_reply(data, req, self.now())
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
             log.debug("push-pull failed", extra={"event": "push_pull_failed",
                                                  "peer": f"{req.addr[0]}:{req.addr[1]}",
                                                  "detail": repr(exc)})
