@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from gossip.codec import MAX_BLOB, MAX_META
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -178,3 +180,17 @@ class Config:
             raise ValueError("push_pull_interval must be >= 0 (0 disables)")
         if not 576 <= self.packet_size <= 65000:
             raise ValueError(f"packet_size must be in [576, 65000], got {self.packet_size}")
+        for name in ("gossip_to_the_dead_time", "dead_node_reclaim_time", "reap_time",
+                     "leave_propagate_delay"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        # Larger values than the wire format carries would make peers drop every alive (or
+        # push-pull) of this node as malformed.
+        if not 0 <= self.max_meta_bytes <= MAX_META:
+            raise ValueError(
+                f"max_meta_bytes must be in [0, {MAX_META}], got {self.max_meta_bytes}")
+        if not 0 <= self.max_state_bytes <= MAX_BLOB:
+            raise ValueError(
+                f"max_state_bytes must be in [0, {MAX_BLOB}], got {self.max_state_bytes}")
+        if self.max_stream_bytes <= 0:
+            raise ValueError(f"max_stream_bytes must be > 0, got {self.max_stream_bytes}")

@@ -15,7 +15,7 @@ class Stats:
     bytes_received: int = 0
     bytes_sent: int = 0
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        (*DROP_REASONS, "misdirected", "meta"), 0))
+        (*DROP_REASONS, "misdirected", "meta", *(f"stream_{r}" for r in DROP_REASONS)), 0))
     """Datagrams (and push-pull streams) dropped, by reason."""
     probes_sent: int = 0
     probes_ok: int = 0
