@@ -48,10 +48,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
 
 async def serve(swim: Swim, clock: object, host: str, port: int) -> grpc.aio.Server:
-    server = grpc.aio.server()
+    # gRPC enables SO_REUSEPORT by default: a second agent could then bind the same admin port
+    # and the kernel would split meshctl's connections between the two.
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     admin_pb2_grpc.add_AdminServicer_to_server(AdminService(swim, clock), server)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if server.add_insecure_port(target) == 0:
-        raise OSError(f"cannot bind admin API on {target}")
+    try:
+        bound = server.add_insecure_port(target)
+    except RuntimeError:  # grpcio raises instead of returning 0 on a bind failure
+        bound = 0
+    if bound == 0:
+        raise OSError(f"cannot bind admin API on {target} (address in use?)")
     await server.start()
     return server

@@ -79,7 +79,7 @@ class DataDir:
         except (OSError, ValueError):
             return {}
 
-    def save(self, incarnation: int, peers: list[str]) -> None:
+    def save(self, incarnation: int, peers: list[list[object]]) -> None:
         if self.path is None:
             return
         tmp = self.path / "gossip.json.tmp"
@@ -189,6 +189,13 @@ class Agent:
             if seeds and peers and candidates is seeds:
                 candidates = seeds + [(str(h), int(p)) for h, p in peers]
             if not s.retry_join or (s.retry_max and attempt >= s.retry_max):
+                if not seeds:
+                    # Only members saved by a previous life were tried.  Without --join this
+                    # node may be the first of a restarting mesh: run alone and let the others
+                    # join it, rather than exit.
+                    log.warning("no saved peer answered; running alone", extra={
+                        "event": "rejoin_failed", "peers_tried": len(candidates)})
+                    return
                 raise JoinFailed("no seed answered: " + ", ".join(f"{h}:{p}" for h, p in seeds))
             log.warning("join attempt failed; retrying", extra={
                 "event": "join_retry", "attempt": attempt, "retry_in": round(delay, 2)})
