@@ -15,7 +15,8 @@ import logging
 import socket
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from gossip.events import MemberEvent
 from gossip.protocol import StreamRequest, Swim
@@ -278,8 +279,8 @@ class GossipTransport:
             self._timer_at = when
             self._timer = self._loop.call_at(when, self._on_timer)
 
-    def _spawn(self, coro: object) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         assert self._loop is not None
-        task = self._loop.create_task(coro)  # type: ignore[arg-type]
+        task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -250,10 +250,14 @@ def test_dead_rules() -> None:
     assert feed(b, codec.dead(1, "zz", "d")) == []      # unknown member
     assert kinds(feed(b, codec.dead(5, "c", "d"))) == [EventKind.FAILED]
     assert feed(b, codec.dead(9, "c", "d")) == []       # already dead
-    assert feed(b, codec.dead(9, "c", "c")) == []       # dead does not become left
     assert feed(b, codec.suspect(9, "c", "d")) == []    # dead is not suspected again
-    assert feed(b, alive("c", 5)) == []                 # stale alive
-    ev = feed(b, alive("c", 6), now=7.0)                # a new incarnation: back
+    # The member's own leave arriving late corrects "dead" to "left" (once).
+    ev = feed(b, codec.dead(9, "c", "c"))
+    assert kinds(ev) == [EventKind.LEFT] and status(b, "c") == Status.LEFT
+    assert feed(b, codec.dead(9, "c", "c")) == []
+    assert feed(b, codec.dead(10, "c", "d")) == []      # left does not become dead
+    assert feed(b, alive("c", 9)) == []                 # stale alive
+    ev = feed(b, alive("c", 10), now=7.0)               # a new incarnation: back
     assert kinds(ev) == [EventKind.JOIN]
     assert status(b, "c") == Status.ALIVE and b.num_live() == 2
 
@@ -401,10 +405,6 @@ def test_leave_is_seen_as_left_by_others() -> None:
     a.leave(net.now)  # idempotent
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "protocol bug: Swim.update_meta after leave() bumps the incarnation and queues an alive "
-    "under the same broadcast key as the leave, superseding it; peers then see the leaving "
-    "node JOIN again (memberlist ignores alive for itself once it has left)"))
 def test_update_meta_after_leave_does_not_undo_the_leave() -> None:
     a, b, c = make("a", seed=1), make("b", seed=2), make("c", seed=3)
     net = Net(a, b, c)
@@ -487,11 +487,6 @@ def test_next_timer_is_finite_and_not_before_the_last_tick() -> None:
         assert now <= t < now + 60.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "protocol bug (minor): Swim.tick sets the gossip timer to max(gossip + interval, now), so "
-    "after a tick that comes later than one gossip interval (a stalled event loop, a sparse "
-    "driver) next_timer() == now and the shell runs a second gossip round at the same instant; "
-    "memberlist's tickers skip missed rounds instead"))
 def test_nothing_is_due_right_after_a_tick() -> None:
     a = make("a")
     learn(a, "b")
@@ -694,14 +689,15 @@ def test_periodic_push_pull_between_two_nodes() -> None:
     cfg = Config.lan(push_pull_interval=30.0)
     a, b = make("a", cfg, seed=1), make("b", cfg, seed=2)
     net = Net(a, b)
-    net.join_all()  # b joined through a: one push-pull already
-    assert b.stats.push_pull_completed == 1 and a.stats.push_pull_received == 1
-    net.run_until(29.0)
-    assert a.stats.push_pull_started == 0 and b.stats.push_pull_started == 0
-    # The first periodic exchange is due within 30..60 s of start, then every 30 s.
+    net.join_all()  # b joined through a: one push-pull (plus any periodic one that came due)
+    assert b.stats.push_pull_completed >= 1 and a.stats.push_pull_received >= 1
+    joined = b.stats.push_pull_completed - b.stats.push_pull_started
+    assert joined == 1
+    # The first periodic exchange is staggered within the first 30 s, then every 30 s:
+    # over 125 s that is 4 or 5 exchanges per node.
     net.run_until(125.0)
     for node in (a, b):
-        assert 2 <= node.stats.push_pull_started <= 4
+        assert 4 <= node.stats.push_pull_started <= 5
         assert node.stats.push_pull_failed == 0
     assert a.stats.push_pull_completed == a.stats.push_pull_started
     assert b.stats.push_pull_completed == b.stats.push_pull_started + 1
@@ -754,10 +750,6 @@ def test_own_older_life_state_is_superseded() -> None:
     assert a.node_state("a") == (8, b"mine")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "protocol bug: Swim._on_state ignores a newer version of our own state when we have not "
-    "published yet (cur is None), so the first publish after a restart gets version 1 and is "
-    "dropped by every peer still holding the old life's higher version"))
 def test_own_older_life_state_seen_before_first_publish() -> None:
     a = make("a")
     learn(a, "b")
@@ -768,21 +760,27 @@ def test_own_older_life_state_seen_before_first_publish() -> None:
 # --- u64 edges --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason=(
-    "protocol bug: Swim._refute sets incarnation = accused + 1 without bounding it to u64; "
-    "a suspect/dead/alive of ourselves at incarnation 2**64-1 makes receive() raise "
-    "OverflowError from msgpack (and leaves our incarnation at 2**64, unencodable)"))
 def test_refute_at_max_incarnation_does_not_crash() -> None:
     a = make("a")
     feed(a, codec.suspect(codec.MAX_U64, "a", "b"))
     assert a.incarnation <= codec.MAX_U64
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason=(
-    "protocol bug: Swim._on_state for our own name with version 2**64-1 calls "
-    "publish_state, which encodes version 2**64 and raises OverflowError from msgpack"))
 def test_own_state_at_max_version_does_not_crash() -> None:
     a = make("a")
     a.publish_state(b"x", 0.0)
     feed(a, codec.state("a", codec.MAX_U64, b"x"))
     assert a.node_state("a")[0] <= codec.MAX_U64
+
+
+def test_leave_tells_every_member_directly_and_stops_probing() -> None:
+    a = make("a")
+    learn(a, "b", "c", "d")
+    a.datagrams_to_send()
+    a.leave(1.0)
+    leaves = {addr for addr, msg in sent_messages(a) if msg == [codec.DEAD, 0, "a", "a"]}
+    assert leaves == {a.member(n).addr for n in ("b", "c", "d")}  # type: ignore[union-attr]
+    # While the leave propagates, no more probes go out.
+    for t in (2.0, 3.0, 4.0):
+        a.tick(t)
+        assert not [m for _, m in sent_messages(a) if m[0] == codec.PING]

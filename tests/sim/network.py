@@ -2,8 +2,11 @@
 
 Virtual clock, seeded randomness, per-packet latency and loss, partitions, crashed nodes and
 stalled nodes (a stalled node is a SIGSTOPped process: its timers do not fire and packets sent to
-it wait in its socket buffer until it resumes).  Push-pull streams are modelled as a request and a
-reply each crossing the network once, failing after ``tcp_timeout`` when the peer is down.
+it wait in its socket buffer until it resumes; on resume it reads that backlog before its timers
+run), graceful leaves, and callbacks at a virtual time (``at``) to script faults.  Push-pull
+streams are modelled as a request and a reply each crossing the network once, failing after
+``tcp_timeout`` when the peer is down.  ``SimNode.bytes_sent`` counts every datagram and both
+directions of push-pull (each side its own payload).
 """
 
 from __future__ import annotations
@@ -58,9 +61,17 @@ class SimNetwork:
     # --- building ----------------------------------------------------------------------------
 
     def add_node(self, name: str, *, meta: NodeMeta | None = None, join: Iterable[str] = (),
-                 config: Config | None = None) -> SimNode:
-        addr = (name, 7946)
-        swim = Swim(config or self.config, name, addr, meta, now=self.now,
+                 config: Config | None = None, node_name: str | None = None,
+                 addr: Addr | None = None) -> SimNode:
+        """Start a node called ``name`` in the simulation (and ``join`` it through seeds).
+
+        ``node_name`` and ``addr`` override the protocol name and the address (by default both
+        come from ``name``); with them a second node can claim an existing member's name.
+        """
+        addr = addr or (name, 7946)
+        if addr in self.by_addr:
+            raise ValueError(f"address {addr} is taken")
+        swim = Swim(config or self.config, node_name or name, addr, meta, now=self.now,
                     rng=random.Random(self.rng.random()))
         node = SimNode(name, addr, swim)
         self.nodes[name] = node
@@ -97,6 +108,17 @@ class SimNetwork:
     def kill(self, name: str) -> None:
         self.nodes[name].up = False
 
+    def leave(self, name: str) -> None:
+        """Graceful leave: announce it, keep running ``leave_propagate_delay``, then stop."""
+        node = self.nodes[name]
+        node.swim.leave(self.now)
+        self._after(node)
+        self._push(self.now + node.swim.config.leave_propagate_delay, "shutdown", name, None)
+
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` when the virtual clock reaches ``t`` (e.g. to inject a fault)."""
+        self._push(max(t, self.now), "call", "", fn)
+
     def stall(self, name: str, duration: float) -> None:
         node = self.nodes[name]
         node.stalled_until = max(node.stalled_until, self.now + duration)
@@ -119,10 +141,14 @@ class SimNetwork:
         while heap and heap[0][0] <= t_end:
             t, _, kind, name, payload = heapq.heappop(heap)
             self.now = t
+            if kind == "call":
+                payload()
+                continue
             node = self.nodes.get(name)
             if node is None or not node.up:
-                if kind == "stream" and node is not None:
-                    pass  # handled at send time
+                continue
+            if kind == "shutdown":
+                node.up = False
                 continue
             if kind == "resume":
                 if self.now >= node.stalled_until:
@@ -154,14 +180,13 @@ class SimNetwork:
         elif kind == "stream_req":
             req, src_name = payload
             reply = swim.handle_stream(req.payload, self.nodes[src_name].addr, self.now)
-            src = self.nodes[src_name]
             if reply is None:
                 self._push(self.now + self._latency(), "stream_fail", src_name, req)
             elif self._reachable(node.name, src_name):
+                node.bytes_sent += len(reply)
                 self._push(self.now + self._latency(), "stream_reply", src_name, (req, reply))
             else:
                 self._push(self.now + self.config.tcp_timeout, "stream_fail", src_name, req)
-            src.bytes_sent += 0
         elif kind == "stream_reply":
             req, reply = payload
             swim.stream_reply(reply, req, self.now)
@@ -172,23 +197,34 @@ class SimNetwork:
     def _after(self, node: SimNode) -> None:
         """Flush a core's outputs into the network and reschedule its timer."""
         swim = node.swim
-        for data, dst in swim.datagrams_to_send():
-            node.bytes_sent += len(data)
-            target = self.by_addr.get(dst)
-            if target is None or not self._reachable(node.name, target.name):
-                continue
-            if self.loss and self.rng.random() < self.loss:
-                self.packets_lost += 1
-                continue
-            self._push(self.now + self._latency(), "packet", target.name, (data, node.addr))
-        for req in swim.streams_to_open():
-            self._open_stream(node, req)
-        if self.on_event is not None:
-            for ev in swim.events():
-                self.on_event(node.name, ev)
-        else:
-            swim._events.clear()
-        swim.stats.probe_rtts.clear()
+        # Hot path (called after every delivery): peek at the core's queues before draining.
+        if swim._out:
+            by_addr, rand, loss, now, src = self.by_addr, self.rng.random, self.loss, self.now, \
+                node.addr
+            lo, span = self.latency[0], self.latency[1] - self.latency[0]
+            heap, seq = self._heap, self._seq
+            for data, dst in swim.datagrams_to_send():
+                node.bytes_sent += len(data)
+                target = by_addr.get(dst)
+                if target is None or (self._partition is not None
+                                      and not self._reachable(node.name, target.name)):
+                    continue
+                if loss and rand() < loss:
+                    self.packets_lost += 1
+                    continue
+                heapq.heappush(heap, (now + (lo + span * rand()), next(seq), "packet", target.name,
+                                      (data, src)))
+        if swim._streams:
+            for req in swim.streams_to_open():
+                self._open_stream(node, req)
+        if swim._events:
+            if self.on_event is not None:
+                for ev in swim.events():
+                    self.on_event(node.name, ev)
+            else:
+                swim._events.clear()
+        if swim.stats.probe_rtts:
+            swim.stats.probe_rtts.clear()
         t = swim.next_timer()
         if t < node.timer_at:
             node.timer_at = t
