@@ -40,11 +40,15 @@ class GossipCollector(Collector):
             c.add_metric([node], value)
             return c
 
-        probes = CounterMetricFamily("meshd_gossip_probes", "Failure-detection probes by result",
-                                     labels=["node", "result"])
-        probes.add_metric([node, "ok"], st.probes_ok)
-        probes.add_metric([node, "failed"], st.probes_failed)
-        yield probes
+        def by(name: str, doc: str, label: str,
+               values: Iterable[tuple[str, float]]) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=["node", label])
+            for key, value in values:
+                c.add_metric([node, key], value)
+            return c
+
+        yield by("meshd_gossip_probes", "Failure-detection probes by result", "result",
+                 [("ok", st.probes_ok), ("failed", st.probes_failed)])
         yield counter("meshd_gossip_indirect_probes", "Indirect probes requested",
                       st.indirect_probes_sent)
         yield counter("meshd_gossip_suspicions_raised", "Suspicions raised after failed probes",
@@ -55,33 +59,17 @@ class GossipCollector(Collector):
                       st.refutations)
         yield counter("meshd_gossip_name_conflicts", "Alive messages claiming a live name",
                       st.conflicts)
-        packets = CounterMetricFamily("meshd_gossip_packets", "UDP packets",
-                                      labels=["node", "direction"])
-        packets.add_metric([node, "sent"], st.packets_sent)
-        packets.add_metric([node, "received"], st.packets_received)
-        yield packets
-        nbytes = CounterMetricFamily("meshd_gossip_packet_bytes", "UDP payload bytes",
-                                     labels=["node", "direction"])
-        nbytes.add_metric([node, "sent"], st.bytes_sent)
-        nbytes.add_metric([node, "received"], st.bytes_received)
-        yield nbytes
-        dropped = CounterMetricFamily("meshd_gossip_packets_dropped",
-                                      "Packets and streams dropped, by reason",
-                                      labels=["node", "reason"])
-        for reason, n in sorted(st.dropped.items()):
-            dropped.add_metric([node, reason], n)
-        yield dropped
-        pp = CounterMetricFamily("meshd_gossip_push_pull", "Push-pull exchanges by result",
-                                 labels=["node", "result"])
-        pp.add_metric([node, "completed"], st.push_pull_completed)
-        pp.add_metric([node, "served"], st.push_pull_received)
-        pp.add_metric([node, "failed"], st.push_pull_failed)
-        yield pp
-        ppb = CounterMetricFamily("meshd_gossip_push_pull_bytes", "Push-pull payload bytes",
-                                  labels=["node", "direction"])
-        ppb.add_metric([node, "sent"], st.push_pull_bytes_sent)
-        ppb.add_metric([node, "received"], st.push_pull_bytes_received)
-        yield ppb
+        yield by("meshd_gossip_packets", "UDP packets", "direction",
+                 [("sent", st.packets_sent), ("received", st.packets_received)])
+        yield by("meshd_gossip_packet_bytes", "UDP payload bytes", "direction",
+                 [("sent", st.bytes_sent), ("received", st.bytes_received)])
+        yield by("meshd_gossip_packets_dropped", "Packets and streams dropped, by reason",
+                 "reason", sorted(st.dropped.items()))
+        yield by("meshd_gossip_push_pull", "Push-pull exchanges by result", "result",
+                 [("completed", st.push_pull_completed), ("served", st.push_pull_received),
+                  ("failed", st.push_pull_failed)])
+        yield by("meshd_gossip_push_pull_bytes", "Push-pull payload bytes", "direction",
+                 [("sent", st.push_pull_bytes_sent), ("received", st.push_pull_bytes_received)])
         for name, doc, value in (
             ("meshd_gossip_broadcast_queue_depth", "Broadcasts waiting to be sent",
              swim.broadcast_queue_depth()),
