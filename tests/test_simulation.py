@@ -297,3 +297,29 @@ def test_thousand_nodes_detect_a_failure_within_the_bound() -> None:
     assert max(t for t, _ in log.of(EventKind.FAILED)) - 3.0 <= bound
     assert math.isclose(bound, 17.0)
     assert {m for _, _, k, m, _ in log.events if k == EventKind.FAILED} == {"n500"}
+
+
+def _healthy_declared_dead(lifeguard: bool, seed: int = 3) -> int:
+    """(observer, victim) pairs where a member that is not slow is declared dead, while 5 of
+    100 members handle every packet 12 s late (past plain SWIM's 8 s timeout at N=100)."""
+    cfg = LAN if lifeguard else LAN.without_lifeguard()
+    pairs: set[tuple[str, str]] = set()
+    net = SimNetwork(cfg, seed=seed, loss=0.01,
+                     on_event=lambda o, ev: pairs.add((o, ev.member.name))
+                     if ev.kind is EventKind.FAILED else None)
+    names = net.add_cluster(100)
+    slow = set(names[::20])
+    for name in slow:
+        net.slow(name, 12.0)
+    net.run_until(90.0)
+    return sum(1 for _, victim in pairs if victim not in slow)
+
+
+def test_lifeguard_keeps_slow_members_from_killing_healthy_ones() -> None:
+    # Lifeguard's point: a member that cannot hear in time (CPU-starved) accuses healthy peers
+    # and cannot hear their refutations.  Plain SWIM's fixed timeout lets it declare them dead;
+    # Lifeguard's health score and confirmation-driven timeout mostly do not.
+    off = _healthy_declared_dead(lifeguard=False)
+    on = _healthy_declared_dead(lifeguard=True)
+    assert off >= 20
+    assert on * 10 <= off

@@ -33,6 +33,8 @@ class SimNode:
     swim: Swim
     up: bool = True
     stalled_until: float = 0.0
+    recv_delay: float = 0.0
+    """Extra delay before this node handles a packet (a CPU-starved receive path)."""
     timer_at: float = float("inf")
     buffered: list[tuple[str, Any]] = field(default_factory=list)
     bytes_sent: int = 0
@@ -124,6 +126,11 @@ class SimNetwork:
         node.stalled_until = max(node.stalled_until, self.now + duration)
         self._push(node.stalled_until, "resume", name, None)
 
+    def slow(self, name: str, recv_delay: float) -> None:
+        """Make a node handle every packet ``recv_delay`` late while its timers run on time:
+        a CPU-starved process with a receive backlog (Lifeguard's "slow member").  0 ends it."""
+        self.nodes[name].recv_delay = recv_delay
+
     def partition(self, *groups: Iterable[str]) -> None:
         """Split the network: nodes only reach nodes of their own group (others: group -1)."""
         self._partition = {}
@@ -212,8 +219,8 @@ class SimNetwork:
                 if loss and rand() < loss:
                     self.packets_lost += 1
                     continue
-                heapq.heappush(heap, (now + (lo + span * rand()), next(seq), "packet", target.name,
-                                      (data, src)))
+                heapq.heappush(heap, (now + (lo + span * rand()) + target.recv_delay, next(seq),
+                                      "packet", target.name, (data, src)))
         if swim._streams:
             for req in swim.streams_to_open():
                 self._open_stream(node, req)
