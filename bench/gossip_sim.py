@@ -445,12 +445,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2 advised)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gossip_sim.json")
+    ap.add_argument("--only", default="",
+                    help="comma-separated scenario keys to (re)run, merged into --out's results "
+                         "(e.g. slow_on,slow_off)")
+    ap.add_argument("--fp-minutes", type=float, default=0.0,
+                    help="simulated minutes of the false-positive scenarios (default 10; quick 2)")
     args = ap.parse_args(argv)
     jobs = plan_jobs(args.quick, args.seed)
+    if args.fp_minutes:
+        for key, _fn, kwargs in jobs:
+            if key.startswith(("stalls_", "slow_")):
+                kwargs["duration"] = args.fp_minutes * 60.0
+    previous: dict[str, dict] = {}
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {key for key, _, _ in jobs}
+        if unknown:
+            ap.error(f"--only: unknown scenario(s) {sorted(unknown)}")
+        jobs = [job for job in jobs if job[0] in wanted]
+        if args.out.exists():
+            previous = json.loads(args.out.read_text()).get("results", {})
     started = time.perf_counter()
     print(f"gossip_sim: {len(jobs)} scenarios in {args.jobs} processes"
           f"{' (quick)' if args.quick else ''}, seed {args.seed}", file=sys.stderr)
-    results: dict[str, dict] = {}
+    results: dict[str, dict] = dict(previous)
     if args.jobs <= 1:
         for job in jobs:
             key, r = _run(job)
