@@ -365,9 +365,10 @@ def build_rows(res: dict[str, dict]) -> list[tuple[str, str, str, str, str]]:
         rows.append((desc, f"{r['n']:,}", value, bar, ok))
         rows.append((f"  refutations (by never-stalled nodes), Lifeguard {label}", f"{r['n']:,}",
                      f"{r['refutations']} ({r['refutations_by_healthy_nodes']})", "-", ""))
-    son, soff = res["slow_on"], res["slow_off"]
     counts = {}
-    for r, label in ((son, "on"), (soff, "off")):
+    slow_runs = [(res[k], label) for k, label in (("slow_on", "on"), ("slow_off", "off"))
+                 if k in res]
+    for r, label in slow_runs if len(slow_runs) == 2 else []:
         slow = set(r["slow_members"])
         healthy = [p for p in r["false_positives"] if p["victim"] not in slow]
         pairs = {(p["observer"], p["victim"]) for p in healthy}
