@@ -451,8 +451,15 @@ def main(argv: list[str] | None = None) -> int:
                          "(e.g. slow_on,slow_off)")
     ap.add_argument("--fp-minutes", type=float, default=0.0,
                     help="simulated minutes of the false-positive scenarios (default 10; quick 2)")
+    ap.add_argument("--slow-nodes", type=int, default=0,
+                    help="members in the slow-member scenarios (default 1,000; its cost grows "
+                         "with N squared: every false accusation spreads to every member)")
     args = ap.parse_args(argv)
     jobs = plan_jobs(args.quick, args.seed)
+    if args.slow_nodes:
+        for key, _fn, kwargs in jobs:
+            if key.startswith("slow_"):
+                kwargs["n"] = args.slow_nodes
     if args.fp_minutes:
         for key, _fn, kwargs in jobs:
             if key.startswith(("stalls_", "slow_")):
