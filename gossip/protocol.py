@@ -285,10 +285,13 @@ class Swim:
             self._broadcasts.queue("s:" + self.name, codec.state(self.name, version, blob))
         return version
 
-    def restore(self, members: dict[str, Member], nodes: list[str] | None = None) -> None:
+    def restore(self, members: dict[str, Member], nodes: list[str] | None = None,
+                now: float | None = None) -> None:
         """Load a known membership wholesale (a snapshot); no events, no broadcasts.
 
         ``members`` is copied, its records shared (they are immutable).  Our own record is kept.
+        With ``now``, the first push-pull is re-staggered over the interval scaled for the
+        restored size, as if the members had been learned one by one.
         """
         me = self.local
         self._members = dict(members)
@@ -301,6 +304,9 @@ class Swim:
         suspect = Status.SUSPECT
         self._not_live = {n for n, m in self._members.items() if m.status > suspect}
         self._n_live = len(self._members) - len(self._not_live)
+        if now is not None and self.config.push_pull_interval > 0:
+            scaled = push_pull_scale(self.config.push_pull_interval, self._n_live)
+            self._t.push_pull = now + scaled * self._rng.random()
 
     # --- time ------------------------------------------------------------------------------
 

@@ -96,7 +96,7 @@ class SimNetwork:
         for name in names:
             swim = Swim(cfg, name, (name, 7946), None, now=self.now,
                         rng=random.Random(self.rng.random()))
-            swim.restore(records, names)
+            swim.restore(records, names, now=self.now)
             node = SimNode(name, (name, 7946), swim)
             self.nodes[name] = node
             self.by_addr[node.addr] = node
