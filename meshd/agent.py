@@ -172,9 +172,10 @@ class Agent:
     async def _join(self, seeds: list[Addr], saved: dict[str, object]) -> None:
         assert self.transport is not None
         s = self.settings
-        peers = [tuple(p) for p in saved.get("peers", []) or []  # type: ignore[attr-defined]
-                 if isinstance(p, list) and len(p) == 2]
-        candidates = seeds or [(str(h), int(p)) for h, p in peers]
+        peers: list[Addr] = [(str(p[0]), int(p[1]))
+                             for p in saved.get("peers", []) or []  # type: ignore[attr-defined]
+                             if isinstance(p, list) and len(p) == 2]
+        candidates = seeds or peers
         if not candidates:
             return
         delay = s.retry_interval
@@ -187,7 +188,7 @@ class Agent:
                                           "attempt": attempt})
                 return
             if seeds and peers and candidates is seeds:
-                candidates = seeds + [(str(h), int(p)) for h, p in peers]
+                candidates = seeds + peers
             if not s.retry_join or (s.retry_max and attempt >= s.retry_max):
                 if not seeds:
                     # Only members saved by a previous life were tried.  Without --join this
@@ -214,10 +215,14 @@ class Agent:
                     "status": m.status.label, "detail": ev.detail})
             persist |= ev.kind in (EventKind.JOIN, EventKind.FAILED, EventKind.LEFT,
                                    EventKind.REFUTE)
-        if persist and self.swim is not None:
-            peers = [list(m.addr) for m in self.swim.members()
-                     if m.live and m.name != self.swim.name]
-            self._data.save(self.swim.incarnation, peers)
+        if persist:
+            self._save_state()
+
+    def _save_state(self) -> None:
+        """Persist our incarnation and the members we currently see alive."""
+        if self.swim is not None:
+            self._data.save(self.swim.incarnation, [list(m.addr) for m in self.swim.members()
+                                                    if m.live and m.name != self.swim.name])
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -234,9 +239,7 @@ class Agent:
         if leave and self.transport is not None and self.swim is not None:
             log.info("leaving", extra={"event": "leaving"})
             await self.transport.leave()
-            self._data.save(self.swim.incarnation,
-                            [list(m.addr) for m in self.swim.members()
-                             if m.live and m.name != self.swim.name])
+            self._save_state()
         if self._admin is not None:
             await self._admin.stop(0.5)  # type: ignore[attr-defined]
         if self.metrics is not None:
