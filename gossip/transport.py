@@ -74,6 +74,9 @@ class GossipTransport:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._join_waiters: list[tuple[StreamRequest, asyncio.Future[bool]]] = []
+        self.send_delay: Callable[[Addr], float] | None = None
+        """Test-only: seconds to hold each datagram to a peer before sending it, to give
+        loopback tests WAN-like RTTs (these machines have no netem).  None in production."""
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -253,15 +256,13 @@ class GossipTransport:
         swim = self.swim
         if swim is None or self._loop is None:
             return
-        for data, (host, port) in swim.datagrams_to_send():
-            udp = self._udp.get(family_of(host))
-            if udp is None:
-                self.send_errors += 1
-                continue
-            try:
-                udp.sendto(data, (host, port))
-            except OSError:
-                self.send_errors += 1
+        delay_of = self.send_delay
+        for data, addr in swim.datagrams_to_send():
+            delay = delay_of(addr) if delay_of is not None else 0.0
+            if delay > 0:
+                self._loop.call_later(delay, self._sendto, data, addr)
+            else:
+                self._sendto(data, addr)
         for req in swim.streams_to_open():
             self._spawn(self._open_stream(req))
         if self.on_events is not None:
@@ -278,6 +279,16 @@ class GossipTransport:
                 self._timer.cancel()
             self._timer_at = when
             self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _sendto(self, data: bytes, addr: Addr) -> None:
+        udp = self._udp.get(family_of(addr[0]))
+        if udp is None or udp.is_closing():
+            self.send_errors += 1
+            return
+        try:
+            udp.sendto(data, addr)
+        except OSError:
+            self.send_errors += 1
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         assert self._loop is not None

@@ -23,15 +23,38 @@ from gossip.keyring import Keyring
 from gossip.protocol import Swim
 from gossip.state import Addr, NodeMeta
 from gossip.transport import GossipTransport, family_of
-from meshd import admin
+from meshd import admin, nodestate
+from meshd.coordinates import CoordinatePlane
 from meshd.metrics import AgentMetrics
 from meshd.settings import Settings, parse_hostport
+from topology.zones import Place
 
 log = logging.getLogger("meshd.agent")
 
 _LEVELS = {EventKind.CONFLICT: logging.WARNING, EventKind.FAILED: logging.WARNING,
            EventKind.SUSPECT: logging.INFO, EventKind.STATE: logging.DEBUG}
 MAX_RETRY_DELAY = 30.0
+STATE_PUBLISH_PERIOD = 1.0
+"""How often the agent checks whether its node state (e.g. its coordinate) needs republishing."""
+
+
+TEST_SEND_DELAY_ENV = "MESHD_TEST_SEND_DELAY"
+"""Test-only: ``HOST:PORT=SECONDS,...`` holds gossip datagrams to each listed peer for that long,
+so loopback tests can give pairs of agents WAN-like RTTs.  Logged loudly when set."""
+
+
+def parse_send_delays(text: str) -> dict[Addr, float]:
+    """``"127.0.0.2:7946=0.01,..."`` -> ``{("127.0.0.2", 7946): 0.01}`` (ValueError if bad)."""
+    delays: dict[Addr, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        target, sep, seconds = item.rpartition("=")
+        if not sep:
+            raise ValueError(f"{item!r} is not HOST:PORT=SECONDS")
+        value = float(seconds)
+        if not 0 <= value <= 5:
+            raise ValueError(f"{item!r}: delay must be in [0, 5] seconds")
+        delays[parse_hostport(target, 0, TEST_SEND_DELAY_ENV)] = value
+    return delays
 
 
 class JoinFailed(RuntimeError):
@@ -94,6 +117,8 @@ class Agent:
         self.swim: Swim | None = None
         self.transport: GossipTransport | None = None
         self.metrics: AgentMetrics | None = None
+        self.coordinates = CoordinatePlane(settings.node, place_of=self._place_of)
+        self._state = nodestate.Publisher()
         self._admin: object | None = None
         self._data = DataDir(settings.data_dir)
 
@@ -108,6 +133,16 @@ class Agent:
         transport = GossipTransport(s.gossip_binds(), tcp_timeout=config.tcp_timeout,
                                     max_stream_bytes=config.max_stream_bytes,
                                     required=bool(s.bind), on_events=self._on_events)
+        if os.environ.get(TEST_SEND_DELAY_ENV):
+            try:
+                delays = parse_send_delays(os.environ[TEST_SEND_DELAY_ENV])
+            except ValueError as exc:
+                log.error("cannot start", extra={"event": "start_failed",
+                                                 "detail": f"{TEST_SEND_DELAY_ENV}: {exc}"})
+                return 1
+            log.warning("TEST ONLY: delaying gossip datagrams to some peers", extra={
+                "event": "test_send_delay", "peers": len(delays)})
+            transport.send_delay = lambda addr: delays.get(addr, 0.0)
         try:
             port = await transport.bind()
         except OSError as exc:
@@ -125,14 +160,15 @@ class Agent:
         meta = NodeMeta.build(s.roles, s.zone, s.region, ports, s.tags)
         incarnation = int(saved.get("incarnation", -1)) + 1  # type: ignore[call-overload]
         swim = Swim(config, s.node, (adv_host, adv_port), meta, now=loop.time(),
-                    keyring=keyring, incarnation=incarnation)
+                    keyring=keyring, incarnation=incarnation, probe_hook=self.coordinates)
         self.swim = swim
-        self.metrics = AgentMetrics(swim)
+        self.metrics = AgentMetrics(swim, self.coordinates)
         transport.on_rtts = self.metrics.observe_rtts
         transport.attach(swim)
         self._data.save(swim.incarnation, list(saved.get("peers", []) or []))  # type: ignore[call-overload]
         try:
-            self._admin = await admin.serve(swim, loop.time, admin_host, admin_port)
+            self._admin = await admin.serve(swim, loop.time, admin_host, admin_port,
+                                            coordinates=self.coordinates)
             if metrics_addr:
                 self.metrics.serve(*metrics_addr)
         except OSError as exc:
@@ -147,6 +183,7 @@ class Agent:
         self._install_signals()
         joiner = asyncio.create_task(self._join(seeds, saved))
         stopper = asyncio.create_task(self.stopping.wait())
+        publisher = asyncio.create_task(self._publish_loop())
         await asyncio.wait({joiner, stopper}, return_when=asyncio.FIRST_COMPLETED)
         code = 0
         if joiner.done() and joiner.exception() is not None:
@@ -157,6 +194,7 @@ class Agent:
         await self.stopping.wait()
         joiner.cancel()
         stopper.cancel()
+        publisher.cancel()
         await self._shutdown(leave=code == 0)
         return code
 
@@ -215,8 +253,50 @@ class Agent:
                     "status": m.status.label, "detail": ev.detail})
             persist |= ev.kind in (EventKind.JOIN, EventKind.FAILED, EventKind.LEFT,
                                    EventKind.REFUTE)
+            if ev.kind == EventKind.STATE:
+                self._learn_state(m.name)
+            elif ev.kind in (EventKind.LEFT, EventKind.REAP):
+                self.coordinates.forget(m.name)
         if persist:
             self._save_state()
+
+    def _learn_state(self, name: str) -> None:
+        """A member published a new node state: take the sections we understand."""
+        assert self.swim is not None
+        published = self.swim.node_state(name)
+        if published is None:
+            return
+        try:
+            sections = nodestate.decode(published[1])
+        except nodestate.NodeStateError as exc:
+            log.debug("bad node state", extra={"event": "bad_node_state", "member": name,
+                                               "detail": str(exc)})
+            self.coordinates.rejected["malformed"] += 1
+            return
+        coord = sections.get(nodestate.COORDINATE)
+        if coord is not None:
+            self.coordinates.learned(name, coord)
+
+    def _place_of(self, name: str) -> Place | None:
+        m = self.swim.member(name) if self.swim is not None else None
+        return Place(m.meta.zone, m.meta.region) if m is not None else None
+
+    async def _publish_loop(self) -> None:
+        """Republish our node state when a section changed (rate-limited by each section)."""
+        assert self.swim is not None and self.transport is not None
+        while True:
+            now = self.transport.now()
+            coord = self.coordinates.to_publish(now)
+            if coord is not None:
+                self._state.set(nodestate.COORDINATE, coord)
+            blob = self._state.take()
+            if blob is not None:
+                self.swim.publish_state(blob, now)
+                self.transport.poke()
+            if self.metrics is not None:
+                self.metrics.observe_estimate_errors()
+            self.coordinates.estimate_errors.clear()
+            await asyncio.sleep(STATE_PUBLISH_PERIOD)
 
     def _save_state(self) -> None:
         """Persist our incarnation and the members we currently see alive."""

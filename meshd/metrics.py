@@ -14,8 +14,12 @@ from prometheus_client.registry import Collector
 
 from gossip.protocol import Swim
 from gossip.state import Status
+from meshd.coordinates import CoordinatePlane
+from topology.client import REJECT_REASONS
+from topology.wire import DECODE_REASONS
 
 RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+RATIO_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 
 
 class GossipCollector(Collector):
@@ -82,17 +86,78 @@ class GossipCollector(Collector):
             yield g
 
 
-class AgentMetrics:
-    """The agent's registry: gossip counters plus a probe RTT histogram."""
+class TopologyCollector(Collector):
+    """The Vivaldi coordinate's state and counters, read at scrape time."""
 
-    def __init__(self, swim: Swim) -> None:
+    def __init__(self, node: str, plane: CoordinatePlane) -> None:
+        self.node = node
+        self.plane = plane
+
+    def collect(self) -> Iterator[Metric]:
+        node, plane = self.node, self.plane
+        coord, stats = plane.client.coordinate, plane.client.stats
+        for name, doc, value in (
+            ("meshd_topology_coordinate_error",
+             "This node's Vivaldi error estimate (relative; 1.5 means not yet settled)",
+             coord.error),
+            ("meshd_topology_coordinate_height_seconds", "Height of this node's coordinate",
+             coord.height),
+            ("meshd_topology_coordinate_adjustment_seconds",
+             "Adjustment term of this node's coordinate", coord.adjustment),
+            ("meshd_topology_coordinates_known", "Members whose coordinate this node knows",
+             plane.known()),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=["node"])
+            g.add_metric([node], value)
+            yield g
+        updates = CounterMetricFamily("meshd_topology_coordinate_updates",
+                                      "RTT samples applied to this node's coordinate",
+                                      labels=["node"])
+        updates.add_metric([node], stats.updates)
+        yield updates
+        resets = CounterMetricFamily("meshd_topology_coordinate_resets",
+                                     "Times the coordinate became invalid and was reset",
+                                     labels=["node"])
+        resets.add_metric([node], stats.resets)
+        yield resets
+        rejected = CounterMetricFamily(
+            "meshd_topology_samples_rejected",
+            "RTT samples and peer coordinates refused, by reason", labels=["node", "reason"])
+        counts = dict.fromkeys(REJECT_REASONS + DECODE_REASONS + ("missing",), 0)
+        counts.update(stats.rejected)
+        for reason, n in plane.rejected.items():
+            counts[reason] = counts.get(reason, 0) + n
+        for reason, n in sorted(counts.items()):
+            rejected.add_metric([node, reason], n)
+        yield rejected
+
+
+class AgentMetrics:
+    """The agent's registry: gossip and topology collectors plus histograms."""
+
+    def __init__(self, swim: Swim, coordinates: CoordinatePlane | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(GossipCollector(swim))
         self.probe_rtt = Histogram("meshd_gossip_probe_rtt_seconds",
                                    "Round-trip time of direct probes", ["node"],
                                    buckets=RTT_BUCKETS, registry=self.registry)
         self._rtt = self.probe_rtt.labels(swim.name)
+        self.coordinates = coordinates
+        self.estimate_error = Histogram(
+            "meshd_topology_rtt_estimate_error_ratio",
+            "Relative error of the coordinate RTT estimate against each measured probe RTT",
+            ["node"], buckets=RATIO_BUCKETS, registry=self.registry)
+        self._estimate_error = self.estimate_error.labels(swim.name)
+        if coordinates is not None:
+            self.registry.register(TopologyCollector(swim.name, coordinates))
         self._server: object | None = None
+
+    def observe_estimate_errors(self) -> None:
+        """Move the coordinate plane's pending estimate errors into the histogram."""
+        if self.coordinates is not None:
+            for err in self.coordinates.estimate_errors:
+                self._estimate_error.observe(err)
+            self.coordinates.estimate_errors.clear()
 
     def observe_rtts(self, rtts: Iterable[float]) -> None:
         for rtt in rtts:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19proto/mesh/v1/admin.proto\x12\x07mesh.v1\".\n\x0eMembersRequest\x12\x0e\n\x06status\x18\x01 \x03(\t\x12\x0c\n\x04role\x18\x02 \x03(\t\"\xd6\x02\n\x06Member\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\r\n\x05roles\x18\x05 \x03(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x0e\n\x06region\x18\x07 \x01(\t\x12\'\n\x04tags\x18\x08 \x03(\x0b\x32\x19.mesh.v1.Member.TagsEntry\x12)\n\x05ports\x18\t \x03(\x0b\x32\x1a.mesh.v1.Member.PortsEntry\x12\x1a\n\x12status_age_seconds\x18\n \x01(\x01\x12\x10\n\x08is_local\x18\x0b \x01(\x08\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"]\n\x0fMembersResponse\x12 \n\x07members\x18\x01 \x03(\x0b\x32\x0f.mesh.v1.Member\x12\x12\n\nlocal_node\x18\x02 \x01(\t\x12\x14\n\x0chealth_score\x18\x03 \x01(\r2E\n\x05\x41\x64min\x12<\n\x07Members\x12\x17.mesh.v1.MembersRequest\x1a\x18.mesh.v1.MembersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19proto/mesh/v1/admin.proto\x12\x07mesh.v1\".\n\x0eMembersRequest\x12\x0e\n\x06status\x18\x01 \x03(\t\x12\x0c\n\x04role\x18\x02 \x03(\t\"\xad\x03\n\x06Member\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\r\n\x05roles\x18\x05 \x03(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x0e\n\x06region\x18\x07 \x01(\t\x12\'\n\x04tags\x18\x08 \x03(\x0b\x32\x19.mesh.v1.Member.TagsEntry\x12)\n\x05ports\x18\t \x03(\x0b\x32\x1a.mesh.v1.Member.PortsEntry\x12\x1a\n\x12status_age_seconds\x18\n \x01(\x01\x12\x10\n\x08is_local\x18\x0b \x01(\x08\x12\'\n\ncoordinate\x18\x0c \x01(\x0b\x32\x13.mesh.v1.Coordinate\x12,\n\x0ertt_from_local\x18\r \x01(\x0b\x32\x14.mesh.v1.RttEstimate\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"L\n\nCoordinate\x12\x0b\n\x03vec\x18\x01 \x03(\x01\x12\r\n\x05\x65rror\x18\x02 \x01(\x01\x12\x12\n\nadjustment\x18\x03 \x01(\x01\x12\x0e\n\x06height\x18\x04 \x01(\x01\"\"\n\nRttRequest\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\"{\n\x0bRttEstimate\x12\x13\n\x0brtt_seconds\x18\x01 \x01(\x01\x12\r\n\x05\x65rror\x18\x02 \x01(\x01\x12\x12\n\nconfidence\x18\x03 \x01(\x01\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x10\n\x08relation\x18\x05 \x01(\t\x12\x12\n\nconsistent\x18\x06 \x01(\x08\"}\n\x0bRttResponse\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12&\n\x08\x65stimate\x18\x03 \x01(\x0b\x32\x14.mesh.v1.RttEstimate\x12\x1c\n\x14measured_rtt_seconds\x18\x04 \x01(\x01\x12\x12\n\nlocal_node\x18\x05 \x01(\t\"]\n\x0fMembersResponse\x12 \n\x07members\x18\x01 \x03(\x0b\x32\x0f.mesh.v1.Member\x12\x12\n\nlocal_node\x18\x02 \x01(\t\x12\x14\n\x0chealth_score\x18\x03 \x01(\r2w\n\x05\x41\x64min\x12<\n\x07Members\x12\x17.mesh.v1.MembersRequest\x1a\x18.mesh.v1.MembersResponse\x12\x30\n\x03Rtt\x12\x13.mesh.v1.RttRequest\x1a\x14.mesh.v1.RttResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,13 +38,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MEMBERSREQUEST']._serialized_start=38
   _globals['_MEMBERSREQUEST']._serialized_end=84
   _globals['_MEMBER']._serialized_start=87
-  _globals['_MEMBER']._serialized_end=429
-  _globals['_MEMBER_TAGSENTRY']._serialized_start=340
-  _globals['_MEMBER_TAGSENTRY']._serialized_end=383
-  _globals['_MEMBER_PORTSENTRY']._serialized_start=385
-  _globals['_MEMBER_PORTSENTRY']._serialized_end=429
-  _globals['_MEMBERSRESPONSE']._serialized_start=431
-  _globals['_MEMBERSRESPONSE']._serialized_end=524
-  _globals['_ADMIN']._serialized_start=526
-  _globals['_ADMIN']._serialized_end=595
+  _globals['_MEMBER']._serialized_end=516
+  _globals['_MEMBER_TAGSENTRY']._serialized_start=427
+  _globals['_MEMBER_TAGSENTRY']._serialized_end=470
+  _globals['_MEMBER_PORTSENTRY']._serialized_start=472
+  _globals['_MEMBER_PORTSENTRY']._serialized_end=516
+  _globals['_COORDINATE']._serialized_start=518
+  _globals['_COORDINATE']._serialized_end=594
+  _globals['_RTTREQUEST']._serialized_start=596
+  _globals['_RTTREQUEST']._serialized_end=630
+  _globals['_RTTESTIMATE']._serialized_start=632
+  _globals['_RTTESTIMATE']._serialized_end=755
+  _globals['_RTTRESPONSE']._serialized_start=757
+  _globals['_RTTRESPONSE']._serialized_end=882
+  _globals['_MEMBERSRESPONSE']._serialized_start=884
+  _globals['_MEMBERSRESPONSE']._serialized_end=977
+  _globals['_ADMIN']._serialized_start=979
+  _globals['_ADMIN']._serialized_end=1098
 # @@protoc_insertion_point(module_scope)

@@ -15,7 +15,7 @@ class MembersRequest(_message.Message):
     def __init__(self, status: _Optional[_Iterable[str]] = ..., role: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("name", "address", "status", "incarnation", "roles", "zone", "region", "tags", "ports", "status_age_seconds", "is_local")
+    __slots__ = ("name", "address", "status", "incarnation", "roles", "zone", "region", "tags", "ports", "status_age_seconds", "is_local", "coordinate", "rtt_from_local")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,8 @@ class Member(_message.Message):
     PORTS_FIELD_NUMBER: _ClassVar[int]
     STATUS_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     IS_LOCAL_FIELD_NUMBER: _ClassVar[int]
+    COORDINATE_FIELD_NUMBER: _ClassVar[int]
+    RTT_FROM_LOCAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     status: str
@@ -52,7 +54,59 @@ class Member(_message.Message):
     ports: _containers.ScalarMap[str, int]
     status_age_seconds: float
     is_local: bool
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., incarnation: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., region: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., ports: _Optional[_Mapping[str, int]] = ..., status_age_seconds: _Optional[float] = ..., is_local: _Optional[bool] = ...) -> None: ...
+    coordinate: Coordinate
+    rtt_from_local: RttEstimate
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., incarnation: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., region: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., ports: _Optional[_Mapping[str, int]] = ..., status_age_seconds: _Optional[float] = ..., is_local: _Optional[bool] = ..., coordinate: _Optional[_Union[Coordinate, _Mapping]] = ..., rtt_from_local: _Optional[_Union[RttEstimate, _Mapping]] = ...) -> None: ...
+
+class Coordinate(_message.Message):
+    __slots__ = ("vec", "error", "adjustment", "height")
+    VEC_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ADJUSTMENT_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    vec: _containers.RepeatedScalarFieldContainer[float]
+    error: float
+    adjustment: float
+    height: float
+    def __init__(self, vec: _Optional[_Iterable[float]] = ..., error: _Optional[float] = ..., adjustment: _Optional[float] = ..., height: _Optional[float] = ...) -> None: ...
+
+class RttRequest(_message.Message):
+    __slots__ = ("a", "b")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    a: str
+    b: str
+    def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ...) -> None: ...
+
+class RttEstimate(_message.Message):
+    __slots__ = ("rtt_seconds", "error", "confidence", "source", "relation", "consistent")
+    RTT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RELATION_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENT_FIELD_NUMBER: _ClassVar[int]
+    rtt_seconds: float
+    error: float
+    confidence: float
+    source: str
+    relation: str
+    consistent: bool
+    def __init__(self, rtt_seconds: _Optional[float] = ..., error: _Optional[float] = ..., confidence: _Optional[float] = ..., source: _Optional[str] = ..., relation: _Optional[str] = ..., consistent: _Optional[bool] = ...) -> None: ...
+
+class RttResponse(_message.Message):
+    __slots__ = ("a", "b", "estimate", "measured_rtt_seconds", "local_node")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_RTT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_NODE_FIELD_NUMBER: _ClassVar[int]
+    a: str
+    b: str
+    estimate: RttEstimate
+    measured_rtt_seconds: float
+    local_node: str
+    def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ..., estimate: _Optional[_Union[RttEstimate, _Mapping]] = ..., measured_rtt_seconds: _Optional[float] = ..., local_node: _Optional[str] = ...) -> None: ...
 
 class MembersResponse(_message.Message):
     __slots__ = ("members", "local_node", "health_score")

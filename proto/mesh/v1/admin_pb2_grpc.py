@@ -40,6 +40,11 @@ class AdminStub:
                 request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.MembersRequest.SerializeToString,
                 response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.MembersResponse.FromString,
                 _registered_method=True)
+        self.Rtt = channel.unary_unary(
+                '/mesh.v1.Admin/Rtt',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RttRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RttResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -53,6 +58,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rtt(self, request, context):
+        """Rtt estimates the round-trip time between two members from their Vivaldi
+        coordinates and zone/region labels, as known to the answering node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +73,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Members,
                     request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.MembersRequest.FromString,
                     response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.MembersResponse.SerializeToString,
+            ),
+            'Rtt': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rtt,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RttRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RttResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +108,33 @@ class Admin:
             '/mesh.v1.Admin/Members',
             proto_dot_mesh_dot_v1_dot_admin__pb2.MembersRequest.SerializeToString,
             proto_dot_mesh_dot_v1_dot_admin__pb2.MembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rtt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/Rtt',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.RttRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.RttResponse.FromString,
             options,
             channel_credentials,
             insecure,
