@@ -34,7 +34,8 @@ class PublishPolicy:
     min_interval: float = 5.0
     """Seconds between publications at most once."""
     relative_change: float = 0.05
-    """Republish when the coordinate moved by this fraction of our mean probed RTT ..."""
+    """Republish when the coordinate moved by this fraction of the RTT to our nearest probed
+    peer (the estimates that a move distorts most, relatively) ..."""
     absolute_change: float = 50e-6
     """... or by at least this many seconds, whichever is larger."""
     error_change: float = 0.1
@@ -99,7 +100,7 @@ class CoordinatePlane:
             if now - self._published_at < self.policy.min_interval:
                 return None
             rtts = [r for r in map(self.client.filtered_rtt, self._peers) if r is not None]
-            scale = sum(rtts) / len(rtts) if rtts else 0.0
+            scale = min(rtts, default=0.0)
             moved = (math.dist(last.vec, cur.vec) + abs(last.height - cur.height)
                      + abs(last.adjustment - cur.adjustment))
             threshold = max(self.policy.absolute_change, self.policy.relative_change * scale)

@@ -99,9 +99,26 @@ class _LocalClient:
 
     def members(self, target: str, timeout: float, status: Iterable[str] = (),
                 role: Iterable[str] = ()) -> list[dict[str, Any]]:
+        from proto.mesh.v1 import admin_pb2
+
+        resp = self._call(target, "Members", admin_pb2.MembersRequest(
+            status=list(status), role=list(role)), timeout)
+        return [member_to_dict(m) for m in resp.members]
+
+    def rtt(self, target: str, a: str, b: str, timeout: float) -> dict[str, Any]:
+        """``mesh.v1.Admin/Rtt`` as a dict (proto field names, defaults included)."""
+        from google.protobuf.json_format import MessageToDict
+
+        from proto.mesh.v1 import admin_pb2
+
+        resp = self._call(target, "Rtt", admin_pb2.RttRequest(a=a, b=b), timeout)
+        return MessageToDict(resp, preserving_proto_field_name=True,
+                             always_print_fields_with_no_presence=True)
+
+    def _call(self, target: str, method: str, request: Any, timeout: float) -> Any:
         import grpc
 
-        from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
+        from proto.mesh.v1 import admin_pb2_grpc
 
         with self._lock:
             channel: Any = self._channels.get(target)
@@ -111,8 +128,7 @@ class _LocalClient:
                     ("grpc.max_reconnect_backoff_ms", 500)])
                 self._channels[target] = channel
         try:
-            resp = admin_pb2_grpc.AdminStub(channel).Members(
-                admin_pb2.MembersRequest(status=list(status), role=list(role)), timeout=timeout)
+            return getattr(admin_pb2_grpc.AdminStub(channel), method)(request, timeout=timeout)
         except grpc.RpcError as exc:
             code = exc.code()  # type: ignore[attr-defined]
             if code != grpc.StatusCode.INVALID_ARGUMENT:
@@ -121,7 +137,6 @@ class _LocalClient:
                         del self._channels[target]
                 channel.close()
             raise RpcFailed(code.name, exc.details() or "") from None  # type: ignore[attr-defined]
-        return [member_to_dict(m) for m in resp.members]
 
     def http_get(self, url: str, timeout: float) -> str:
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - test URL
@@ -445,6 +460,13 @@ class Node:
         """This node's member table via ``mesh.v1.Admin/Members`` (raises :class:`RpcFailed`)."""
         rows = self.cluster.client.members(self.admin, timeout, status, role)
         return {r["name"]: MemberView.from_dict(r) for r in rows}
+
+    def rtt(self, a: str, b: str = "", timeout: float = 2.0) -> dict[str, Any]:
+        """This node's RTT estimate between ``a`` and ``b`` (``mesh.v1.Admin/Rtt``)."""
+        client = self.cluster.client
+        if not isinstance(client, _LocalClient):
+            raise NotImplementedError("rtt() is not proxied into network namespaces")
+        return client.rtt(self.admin, a, b, timeout)
 
     def logs(self, all_runs: bool = False) -> list[dict[str, Any]]:
         """Parsed JSON log lines of the current run (or of every run with ``all_runs``)."""
