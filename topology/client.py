@@ -16,7 +16,6 @@ worst cost us convergence time, never poison the coordinate we hand out.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -89,8 +88,12 @@ class VivaldiClient:
         self._update_adjustment(other, rtt)
         self._update_gravity()
         if not self._coord.is_valid():
+            # Serf resets only the coordinate; we also empty the adjustment window, or the
+            # sample that broke the coordinate would break it again on the next 19 updates.
             self.stats.resets += 1
             self._coord = self._origin
+            self._adjustment_samples = [0.0] * self.config.adjustment_window_size
+            self._adjustment_index = 0
         self.stats.updates += 1
         return self._coord
 
@@ -132,11 +135,13 @@ class VivaldiClient:
         self._adjustment_samples[self._adjustment_index] = rtt - self._coord.raw_distance_to(other)
         self._adjustment_index = (self._adjustment_index + 1) % window
         c = self._coord
-        adjustment = math.fsum(self._adjustment_samples) / (2.0 * window)
+        # Plain sum: overflow yields inf (then a reset), where fsum would raise.
+        adjustment = sum(self._adjustment_samples) / (2.0 * window)
         self._coord = Coordinate(c.vec, c.error, adjustment, c.height)
 
     def _update_gravity(self) -> None:
         cfg = self.config
         dist = self._origin.distance_to(self._coord)
-        force = -((dist / cfg.gravity_rho) ** 2)
+        ratio = dist / cfg.gravity_rho
+        force = -(ratio * ratio)  # not ** 2: that raises OverflowError on a huge distance
         self._coord = self._coord.apply_force(cfg, force, self._origin, self.rng)

@@ -46,11 +46,13 @@ def estimate(a: Coordinate | None, b: Coordinate | None, rel: Relation,
         rtt = a.distance_to(b)
         error = (a.error + b.error) / 2.0
         confidence = min(1.0, max(0.0, 1.0 - error))
+        settled = confidence >= MIN_COORDINATE_CONFIDENCE
         consistent = priors.plausible(rel, rtt)
         if not consistent:
             confidence *= CONTRADICTION_PENALTY
         coord_est = Estimate(rtt, error, confidence, "coordinates", rel, consistent)
-        if confidence >= MIN_COORDINATE_CONFIDENCE or not consistent:
+        if settled:
+            # Settled coordinates are measurements; labels can only lower our confidence.
             return coord_est
     typical = priors.typical(rel)
     if typical is not None and (coord_est is None or coord_est.confidence < priors.confidence):

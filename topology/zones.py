@@ -28,12 +28,13 @@ class Place:
 
 def relation(a: Place, b: Place, same_node: bool = False) -> Relation:
     """How two labelled places relate.  Zones are only compared inside one region: "a" in
-    region x and "a" in region y are different zones."""
+    region x and "a" in region y are different zones, and "a" in x vs "a" with no region
+    is not known to be the same zone."""
     if same_node:
         return Relation.SELF
     if a.region and b.region and a.region != b.region:
         return Relation.CROSS_REGION
-    if a.zone and a.zone == b.zone:
+    if a.zone and a.zone == b.zone and a.region == b.region:
         return Relation.SAME_ZONE
     if a.region and a.region == b.region:
         return Relation.SAME_REGION
