@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.table import print_table  # noqa: E402
 from tests.cluster import Cluster, Node  # noqa: E402
 
 DETECT_BAR_S = 11.0
@@ -238,17 +239,7 @@ def build_rows(n: int, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def print_table(rows: list[tuple[str, str, str, str]]) -> None:
-    head = ("scenario", "measured", "bar", "verdict")
-    widths = [max(len(x[i]) for x in [head, *rows]) for i in range(4)]
-
-    def line(cells: tuple[str, ...]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    print(line(head))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
+HEAD = ("scenario", "measured", "bar", "verdict")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = build_rows(args.nodes, r)
     print(f"\n{args.nodes} real meshd processes on loopback, LAN profile "
           f"({os.cpu_count()} CPUs, Python {platform.python_version()})")
-    print_table(rows)
+    print_table(HEAD, rows)
     print(f"\nwall time {wall:.0f} s")
     report = {
         "benchmark": "gossip_procs",

@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.table import print_table  # noqa: E402
 from gossip.config import Config  # noqa: E402
 from gossip.events import EventKind, MemberEvent  # noqa: E402
 from gossip.state import Status  # noqa: E402
@@ -427,17 +428,7 @@ def build_notes(res: dict[str, dict]) -> list[str]:
     return notes
 
 
-def print_table(rows: list[tuple[str, str, str, str, str]]) -> None:
-    head = ("scenario", "N", "measured: median (min-max)", "bar", "")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
-
-    def line(r: tuple[str, ...]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-
-    print(line(head))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
+HEAD = ("scenario", "N", "measured: median (min-max)", "bar", "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -494,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{', QUICK sizes' if args.quick else ''}")
     print(f"(round = gossip_interval {cfg.gossip_interval} s; join bar applies to the "
           f"from-seed time, i.e. dissemination)\n")
-    print_table(rows)
+    print_table(HEAD, rows)
     notes = build_notes(results)
     for note in notes:
         print(f"\n* {note}")

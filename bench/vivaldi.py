@@ -55,8 +55,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.table import print_table  # noqa: E402
 from tests.sim import internet  # noqa: E402
 from tests.sim.vivaldi import (  # noqa: E402
+    SERF_REFERENCE,
     Matrix,
     center_error,
     clients,
@@ -73,14 +75,7 @@ from topology.wire import decode, encode  # noqa: E402
 
 SECTIONS = ("serf", "line200", "drift", "internet", "cpu")
 
-REFERENCE: dict[str, tuple[float, float]] = {
-    # Medians over seeds of Serf's (Go) per-run average / max relative error, 1,000 cycles.
-    "line": (0.0019, 0.0115),
-    "grid": (0.0016, 0.0126),
-    "split": (0.000056, 0.00037),
-    "circle": (0.0032, 0.061),
-    "random": (0.052, 0.23),
-}
+REFERENCE = SERF_REFERENCE
 REF_FACTOR = 1.1
 CIRCLE_RADIUS = 0.100
 CIRCLE_TOP_MIN = 0.97 * CIRCLE_RADIUS  # Serf's TestPerformance_Height bars
@@ -463,17 +458,7 @@ def build_notes(res: dict[str, Any], quick: bool) -> list[str]:
     return notes
 
 
-def print_table(rows: list[Row]) -> None:
-    head = ("metric", "ours", "reference", "ratio", "bar", "")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-
-    def line(r: tuple[str, ...]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-
-    print(line(head))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
+HEAD = ("metric", "ours", "reference", "ratio", "bar", "")
 
 
 def machine_info() -> dict[str, Any]:
@@ -550,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = build_notes(results, q)
     print(f"\nVivaldi coordinates (topology/, Serf's algorithm and defaults)"
           f"{': QUICK sizes' if q else ''}\n")
-    print_table(rows)
+    print_table(HEAD, rows)
     for note in notes:
         print(f"\n* {note}")
     print(f"\nwall time {wall:.0f} s")

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.sim.vivaldi import Run, center_error, clients, drift_serf, run_topology, simulate
+from tests.sim.vivaldi import (
+    SERF_REFERENCE,
+    Run,
+    center_error,
+    clients,
+    drift_serf,
+    run_topology,
+    simulate,
+)
 from topology.client import VivaldiClient
 from topology.config import VivaldiConfig
 from topology.coordinate import Coordinate
@@ -27,14 +35,7 @@ DRIFT_CYCLES = 10_000
 """Serf's drift test: 1000 cycles to settle, then 10,000 more for gravity to act."""
 WORKERS = 2
 
-REFERENCE = {
-    # topology: (median avg relative error, median max relative error)
-    "line": (0.0019, 0.0115),
-    "grid": (0.0016, 0.0126),
-    "split": (0.000056, 0.00037),
-    "circle": (0.0032, 0.061),
-    "random": (0.052, 0.23),
-}
+REFERENCE = SERF_REFERENCE
 SLACK = 1.1
 LINE_AVG_SLACK = 1.25
 """NOT MET at 1.1x: the line's average is seed noise, not a porting error.  With seeds 0..19

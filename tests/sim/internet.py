@@ -38,11 +38,10 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
 
+from tests.sim import vivaldi
+from tests.sim.vivaldi import Matrix
 from topology.client import VivaldiClient
-
-Matrix = list[list[float]]
 
 REGIONS: dict[str, tuple[float, float, float]] = {
     # name: (latitude, longitude, share of the nodes)
@@ -162,17 +161,7 @@ def sample_rtt(truth: Matrix, i: int, j: int, rng: random.Random) -> float:
     return rtt
 
 
-Sampler = Callable[[Matrix, int, int, random.Random], float]
-
-
-def simulate(nodes: list[VivaldiClient], truth: Matrix, cycles: int, rng: random.Random,
-             sampler: Sampler = sample_rtt) -> None:
-    """Serf's ``Simulate`` loop with measured RTTs: each cycle every node samples one random
-    peer (drawing itself: skipped) and feeds ``sampler``'s measurement to its client."""
-    n = len(nodes)
-    names = [f"node_{j}" for j in range(n)]
-    for _ in range(cycles):
-        for i, node in enumerate(nodes):
-            j = rng.randrange(n)
-            if j != i:
-                node.update(names[j], nodes[j].coordinate, sampler(truth, i, j, rng))
+def simulate(nodes: list[VivaldiClient], truth: Matrix, cycles: int,
+             rng: random.Random) -> None:
+    """Serf's ``Simulate`` loop with noisy measurements (``sample_rtt``)."""
+    vivaldi.simulate(nodes, truth, cycles, rng, sample_rtt)
