@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "meshd.cli", "--node", f"node{i}", "--bind", gossip,
                "--admin", admin, "--metrics", metrics, "--profile", args.profile,
                "--role", roles[(i - 1) % len(roles)], "--zone", f"zone-{'ab'[i % 2]}",
-               "--data-dir", str(workdir / f"node{i}")]
+               "--region", "dev", "--data-dir", str(workdir / f"node{i}")]
         if i > 1:
             cmd += ["--join", seed, "--retry-join"]
         log = open(workdir / f"node{i}.log", "wb")  # noqa: SIM115 - lives as long as the child
