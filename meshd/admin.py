@@ -28,8 +28,7 @@ def estimate_pb(est: Estimate) -> admin_pb2.RttEstimate:
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, swim: Swim, clock: object,
-                 coordinates: CoordinatePlane | None = None) -> None:
+    def __init__(self, swim: Swim, clock: object, coordinates: CoordinatePlane) -> None:
         self.swim = swim
         self.clock = clock  # callable returning the core's "now"
         self.coordinates = coordinates
@@ -61,21 +60,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 zone=m.meta.zone, region=m.meta.region, tags=m.meta.tags_dict,
                 ports=m.meta.ports_dict, status_age_seconds=max(0.0, now - m.status_since),
                 is_local=m.name == self.swim.name)
-            if self.coordinates is not None:
-                coord = self.coordinates.coordinate_of(m.name)
-                if coord is not None:
-                    pb.coordinate.CopyFrom(coordinate_pb(coord))
-                pb.rtt_from_local.CopyFrom(
-                    estimate_pb(self.coordinates.estimate(self.swim.name, m.name)))
+            coord = self.coordinates.coordinate_of(m.name)
+            if coord is not None:
+                pb.coordinate.CopyFrom(coordinate_pb(coord))
+            pb.rtt_from_local.CopyFrom(
+                estimate_pb(self.coordinates.estimate(self.swim.name, m.name)))
             out.members.append(pb)
         return out
 
     async def Rtt(self, request: admin_pb2.RttRequest,  # noqa: N802 - gRPC name
                   context: grpc.aio.ServicerContext) -> admin_pb2.RttResponse:
-        if self.coordinates is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                                "this agent runs without network coordinates")
-        assert self.coordinates is not None
         if not request.a:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a: a member name is required")
         b = request.b or self.swim.name
@@ -84,17 +78,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 await context.abort(grpc.StatusCode.NOT_FOUND,
                                     f"{field}: no member named {name!r}")
         est = self.coordinates.estimate(request.a, b)
-        measured = None
-        if self.swim.name in (request.a, b):
-            other = b if request.a == self.swim.name else request.a
-            measured = self.coordinates.measured_rtt(other) if other != self.swim.name else None
+        # Only our own probes are measured; the latency filter has no entry for ourselves.
+        measured = (self.coordinates.measured_rtt(b if request.a == self.swim.name else request.a)
+                    if self.swim.name in (request.a, b) else None)
         return admin_pb2.RttResponse(a=request.a, b=b, estimate=estimate_pb(est),
                                      measured_rtt_seconds=measured or 0.0,
                                      local_node=self.swim.name)
 
 
 async def serve(swim: Swim, clock: object, host: str, port: int, *,
-                coordinates: CoordinatePlane | None = None) -> grpc.aio.Server:
+                coordinates: CoordinatePlane) -> grpc.aio.Server:
     # gRPC enables SO_REUSEPORT by default: a second agent could then bind the same admin port
     # and the kernel would split meshctl's connections between the two.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

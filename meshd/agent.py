@@ -293,9 +293,10 @@ class Agent:
             if blob is not None:
                 self.swim.publish_state(blob, now)
                 self.transport.poke()
+            errors = self.coordinates.estimate_errors
             if self.metrics is not None:
-                self.metrics.observe_estimate_errors()
-            self.coordinates.estimate_errors.clear()
+                self.metrics.observe_estimate_errors(errors)
+            errors.clear()
             await asyncio.sleep(STATE_PUBLISH_PERIOD)
 
     def _save_state(self) -> None:

@@ -135,29 +135,24 @@ class TopologyCollector(Collector):
 class AgentMetrics:
     """The agent's registry: gossip and topology collectors plus histograms."""
 
-    def __init__(self, swim: Swim, coordinates: CoordinatePlane | None = None) -> None:
+    def __init__(self, swim: Swim, coordinates: CoordinatePlane) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(GossipCollector(swim))
         self.probe_rtt = Histogram("meshd_gossip_probe_rtt_seconds",
                                    "Round-trip time of direct probes", ["node"],
                                    buckets=RTT_BUCKETS, registry=self.registry)
         self._rtt = self.probe_rtt.labels(swim.name)
-        self.coordinates = coordinates
         self.estimate_error = Histogram(
             "meshd_topology_rtt_estimate_error_ratio",
             "Relative error of the coordinate RTT estimate against each measured probe RTT",
             ["node"], buckets=RATIO_BUCKETS, registry=self.registry)
         self._estimate_error = self.estimate_error.labels(swim.name)
-        if coordinates is not None:
-            self.registry.register(TopologyCollector(swim.name, coordinates))
+        self.registry.register(TopologyCollector(swim.name, coordinates))
         self._server: object | None = None
 
-    def observe_estimate_errors(self) -> None:
-        """Move the coordinate plane's pending estimate errors into the histogram."""
-        if self.coordinates is not None:
-            for err in self.coordinates.estimate_errors:
-                self._estimate_error.observe(err)
-            self.coordinates.estimate_errors.clear()
+    def observe_estimate_errors(self, errors: Iterable[float]) -> None:
+        for err in errors:
+            self._estimate_error.observe(err)
 
     def observe_rtts(self, rtts: Iterable[float]) -> None:
         for rtt in rtts:

@@ -71,7 +71,7 @@ class VivaldiClient:
     def filtered_rtt(self, node: str) -> float | None:
         """The current median of the recent RTT samples to ``node``, if any."""
         samples = self._latency.get(node)
-        return sorted(samples)[len(samples) // 2] if samples else None
+        return _median(samples) if samples else None
 
     def update(self, node: str, other: Coordinate, rtt: float) -> Coordinate | None:
         """Apply one RTT sample (seconds) to ``node`` whose coordinate is ``other``.
@@ -113,7 +113,7 @@ class VivaldiClient:
         samples.append(rtt)
         if len(samples) > self.config.latency_filter_size:
             del samples[0]
-        return sorted(samples)[len(samples) // 2]
+        return _median(samples)
 
     def _update_vivaldi(self, other: Coordinate, rtt: float) -> None:
         cfg, coord = self.config, self._coord
@@ -145,3 +145,8 @@ class VivaldiClient:
         ratio = dist / cfg.gravity_rho
         force = -(ratio * ratio)  # not ** 2: that raises OverflowError on a huge distance
         self._coord = self._coord.apply_force(cfg, force, self._origin, self.rng)
+
+
+def _median(samples: list[float]) -> float:
+    """Serf's filter median: the upper middle of an even count."""
+    return sorted(samples)[len(samples) // 2]
