@@ -4,6 +4,12 @@ It owns the sockets and the clock and nothing else: UDP datagrams in and out, TC
 and one timer set to ``Swim.next_timer()``.  IPv4 and IPv6 each get their own socket
 (``IPV6_V6ONLY``) so the same code runs on Linux, macOS and Windows.  Push-pull streams are framed
 as a 4-byte big-endian length followed by the sealed payload.
+
+With :class:`StreamSecurity` every TCP stream is TLS: the server side upgrades each accepted
+connection itself (so a failed handshake is counted, not just logged by asyncio), push-pull
+needs a peer certificate the owner accepts, and streams that start with a registered 4-byte
+prefix (enrollment) are handed to their handler instead.  gossip knows nothing of certificates:
+the owner decides who is acceptable.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import ssl
 import struct
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from gossip.events import MemberEvent
@@ -28,6 +36,33 @@ _LEN = struct.Struct(">I")
 UDP_BUFFER_BYTES = 2 * 1024 * 1024
 
 EventHandler = Callable[[list[MemberEvent]], None]
+StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "bytes | None"],
+                         Awaitable[None]]
+
+
+@dataclass
+class StreamSecurity:
+    """TLS for push-pull streams, and who may use them.
+
+    ``authorize(peer_cert_der, outgoing)`` is asked after every handshake, on both sides; it
+    returns False (after counting and logging) to drop the stream before a byte of it reaches
+    the protocol core.  ``handlers`` maps a 4-byte stream prefix (>= 0xff000000, which no frame
+    length can be) to a handler for other kinds of stream on the same port; a handler may be
+    reached without a peer certificate.  Contexts can be reloaded in place on renewal.
+    """
+
+    server: ssl.SSLContext
+    client: ssl.SSLContext
+    authorize: Callable[[bytes | None, bool], bool]
+    handlers: dict[bytes, StreamHandler] = field(default_factory=dict)
+    handshake_timeout: float = 5.0
+    on_handshake_failed: Callable[[str], None] | None = None
+
+
+def peer_cert(writer: asyncio.StreamWriter) -> bytes | None:
+    """The DER certificate the TLS peer presented, if any."""
+    obj = writer.get_extra_info("ssl_object")
+    return obj.getpeercert(binary_form=True) if obj is not None else None
 RttHandler = Callable[[list[float]], None]
 
 
@@ -57,8 +92,9 @@ class GossipTransport:
     def __init__(self, binds: list[Addr], *, tcp_timeout: float = 10.0,
                  max_stream_bytes: int = 32 * 1024 * 1024,
                  on_events: EventHandler | None = None, on_rtts: RttHandler | None = None,
-                 required: bool = True) -> None:
+                 required: bool = True, security: StreamSecurity | None = None) -> None:
         self.binds = binds
+        self.security = security
         self.tcp_timeout = tcp_timeout
         self.max_stream_bytes = max_stream_bytes
         self.on_events = on_events
@@ -195,11 +231,40 @@ class GossipTransport:
             self.swim.tick(self.now())
             self._after()
 
+    async def _upgrade(self, writer: asyncio.StreamWriter, ctx: ssl.SSLContext) -> bool:
+        """TLS on an open stream (the side follows from how it was opened); False (counted)
+        when the handshake fails."""
+        assert self.security is not None
+        try:
+            await writer.start_tls(ctx, ssl_handshake_timeout=self.security.handshake_timeout)
+            return True
+        except (ssl.SSLError, OSError, TimeoutError, ConnectionError) as exc:
+            if self.security.on_handshake_failed is not None:
+                self.security.on_handshake_failed(
+                    getattr(exc, "reason", None) or type(exc).__name__)
+            return False
+
     async def _serve_stream(self, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("", 0)
+        sec = self.security
         try:
-            data = await asyncio.wait_for(self._read_frame(reader), self.tcp_timeout)
+            if sec is not None:
+                if not await self._upgrade(writer, sec.server):
+                    return
+                head = await asyncio.wait_for(reader.readexactly(_LEN.size), self.tcp_timeout)
+                cert = peer_cert(writer)
+                handler = sec.handlers.get(head)
+                if handler is not None:
+                    await handler(reader, writer, cert)
+                    return
+                if not sec.authorize(cert, False):
+                    if self.swim is not None:
+                        self.swim.stats.drop("unauthenticated", stream=True)
+                    return
+                data = await asyncio.wait_for(self._read_body(reader, head), self.tcp_timeout)
+            else:
+                data = await asyncio.wait_for(self._read_frame(reader), self.tcp_timeout)
             if data is None or self.swim is None:
                 return
             reply = self.swim.handle_stream(data, (peer[0], peer[1]), self.now())
@@ -216,7 +281,9 @@ class GossipTransport:
                 await writer.wait_closed()
 
     async def _read_frame(self, reader: asyncio.StreamReader) -> bytes | None:
-        head = await reader.readexactly(_LEN.size)
+        return await self._read_body(reader, await reader.readexactly(_LEN.size))
+
+    async def _read_body(self, reader: asyncio.StreamReader, head: bytes) -> bytes | None:
         (length,) = _LEN.unpack(head)
         if length > self.max_stream_bytes:
             if self.swim is not None:
@@ -232,6 +299,13 @@ class GossipTransport:
         try:
             async with asyncio.timeout(self.tcp_timeout):
                 reader, writer = await asyncio.open_connection(req.addr[0], req.addr[1])
+                sec = self.security
+                if sec is not None:
+                    if not await self._upgrade(writer, sec.client):
+                        raise ConnectionError("TLS handshake failed")
+                    if not sec.authorize(peer_cert(writer), True):
+                        self.swim.stats.drop("unauthenticated", stream=True)
+                        raise ConnectionError("peer certificate refused")
                 writer.write(_LEN.pack(len(req.payload)) + req.payload)
                 await writer.drain()
                 data = await self._read_frame(reader)

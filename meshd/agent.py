@@ -15,8 +15,10 @@ import logging
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 
+from certs.ca import CaError
 from gossip.config import Config
 from gossip.events import EventKind, MemberEvent
 from gossip.keyring import Keyring
@@ -24,8 +26,11 @@ from gossip.protocol import Swim
 from gossip.state import Addr, NodeMeta
 from gossip.transport import GossipTransport, family_of
 from meshd import admin, nodestate
+from meshd.authz import Authorizer
 from meshd.coordinates import CoordinatePlane
 from meshd.metrics import AgentMetrics
+from meshd.rbac import KeyLoadError, PolicyError
+from meshd.security import Security, SecurityError
 from meshd.settings import Settings, parse_hostport
 from topology.zones import Place
 
@@ -120,19 +125,61 @@ class Agent:
         self.coordinates = CoordinatePlane(settings.node, place_of=self._place_of)
         self._state = nodestate.Publisher()
         self._admin: object | None = None
-        self._data = DataDir(settings.data_dir)
+        self._authorizer: Authorizer | None = None
+        self._data = DataDir(settings.data_path())
+        self.security = Security(Path(settings.data_path()), settings.node, dev=settings.dev,
+                                 ca_dir=settings.ca_dir, join_token=settings.join_token,
+                                 trust_domain=settings.trust_domain, encrypt=settings.encrypt,
+                                 cert_lifetime=settings.cert_lifetime)
+        self._publish_now = asyncio.Event()
+
+    async def _secure(self, seeds: list[Addr]) -> bool:
+        """Identity first: load or make it, or enroll through the seeds (retrying with
+        ``--retry-join``, since the seeds may not be up yet)."""
+        sec = self.security
+        try:
+            sec.prepare()
+        except (SecurityError, CaError, OSError) as exc:
+            log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
+            return False
+        delay = self.settings.retry_interval
+        attempt = 0
+        while sec.needs_enrollment:
+            attempt += 1
+            try:
+                await sec.enroll(seeds)
+            except SecurityError as exc:
+                retry = self.settings.retry_join and "refused" not in str(exc) and (
+                    not self.settings.retry_max or attempt < self.settings.retry_max)
+                if not retry:
+                    log.error("cannot start", extra={"event": "start_failed",
+                                                     "detail": str(exc)})
+                    return False
+                log.warning("enrollment failed; retrying", extra={
+                    "event": "enroll_retry", "attempt": attempt, "detail": str(exc)})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_RETRY_DELAY)
+        return True
 
     async def run(self) -> int:
         s = self.settings
         saved = self._data.load()
         config = Config.profile_named(s.profile)
-        keyring = Keyring.from_base64(s.encrypt) if s.encrypt else None
         loop = asyncio.get_running_loop()
-        seeds = [await self._resolve(a) for a in s.seeds()]
+        try:
+            seeds = [await self._resolve(a) for a in s.seeds()]
+        except JoinFailed as exc:
+            log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
+            return 1
+        if not await self._secure(seeds):
+            return 1
+        sec = self.security
+        keyring: Keyring | None = sec.keyring
 
         transport = GossipTransport(s.gossip_binds(), tcp_timeout=config.tcp_timeout,
                                     max_stream_bytes=config.max_stream_bytes,
-                                    required=bool(s.bind), on_events=self._on_events)
+                                    required=bool(s.bind), on_events=self._on_events,
+                                    security=sec.build_stream_security())
         if os.environ.get(TEST_SEND_DELAY_ENV):
             try:
                 delays = parse_send_delays(os.environ[TEST_SEND_DELAY_ENV])
@@ -157,18 +204,35 @@ class Agent:
         ports = {"gossip": adv_port, "admin": admin_port}
         if metrics_addr:
             ports["metrics"] = metrics_addr[1]
+        if sec.ca is not None:
+            ports["ca"] = adv_port  # enrollment and renewal, on the gossip TCP port
         meta = NodeMeta.build(s.roles, s.zone, s.region, ports, s.tags)
         incarnation = int(saved.get("incarnation", -1)) + 1  # type: ignore[call-overload]
         swim = Swim(config, s.node, (adv_host, adv_port), meta, now=loop.time(),
                     keyring=keyring, incarnation=incarnation, probe_hook=self.coordinates)
         self.swim = swim
-        self.metrics = AgentMetrics(swim, self.coordinates)
+        sec.members = lambda: [(m.name, m.addr, m.meta.ports_dict) for m in swim.members()
+                               if m.live]
+        sec.changed = self._publish_now.set
+        sec.build_authority(name_in_use=lambda n: n != swim.name and (
+            (m := swim.member(n)) is not None and m.live))
+        self.metrics = AgentMetrics(swim, self.coordinates, sec)
         transport.on_rtts = self.metrics.observe_rtts
         transport.attach(swim)
         self._data.save(swim.incarnation, list(saved.get("peers", []) or []))  # type: ignore[call-overload]
         try:
+            authorizer = admin.build_authorizer(
+                sec, policy_file=s.rbac_policy, jwt_jwks=s.jwt_jwks, jwt_key=s.jwt_key,
+                jwt_audience=s.jwt_audience, jwt_issuer=s.jwt_issuer, audit_log=s.audit_log)
+        except (PolicyError, KeyLoadError, OSError) as exc:
+            log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
+            await self._shutdown(leave=False)
+            return 1
+        self._authorizer = authorizer
+        try:
             self._admin = await admin.serve(swim, loop.time, admin_host, admin_port,
-                                            coordinates=self.coordinates)
+                                            coordinates=self.coordinates, security=sec,
+                                            authorizer=authorizer)
             if metrics_addr:
                 self.metrics.serve(*metrics_addr)
         except OSError as exc:
@@ -178,12 +242,15 @@ class Agent:
         log.info("agent started", extra={
             "event": "agent_started", "addr": f"{adv_host}:{adv_port}", "profile": s.profile,
             "encrypted": keyring is not None, "admin": f"{admin_host}:{admin_port}",
+            "identity": str(sec.identity.spiffe_id), "ca_holder": sec.ca is not None,
+            "cert_not_after": sec.identity.not_after.isoformat(),
             "metrics": f"{metrics_addr[0]}:{metrics_addr[1]}" if metrics_addr else "off",
             "incarnation": swim.incarnation, "roles": list(meta.roles)})
         self._install_signals()
         joiner = asyncio.create_task(self._join(seeds, saved))
         stopper = asyncio.create_task(self.stopping.wait())
         publisher = asyncio.create_task(self._publish_loop())
+        renewer = asyncio.create_task(sec.renew_loop())
         await asyncio.wait({joiner, stopper}, return_when=asyncio.FIRST_COMPLETED)
         code = 0
         if joiner.done() and joiner.exception() is not None:
@@ -195,6 +262,7 @@ class Agent:
         joiner.cancel()
         stopper.cancel()
         publisher.cancel()
+        renewer.cancel()
         await self._shutdown(leave=code == 0)
         return code
 
@@ -257,6 +325,7 @@ class Agent:
                 self._learn_state(m.name)
             elif ev.kind in (EventKind.LEFT, EventKind.REAP):
                 self.coordinates.forget(m.name)
+                self.security.forget(m.name)
         if persist:
             self._save_state()
 
@@ -276,6 +345,7 @@ class Agent:
         coord = sections.get(nodestate.COORDINATE)
         if coord is not None:
             self.coordinates.learned(name, coord)
+        self.security.learn(name, sections)
 
     def _place_of(self, name: str) -> Place | None:
         m = self.swim.member(name) if self.swim is not None else None
@@ -289,6 +359,8 @@ class Agent:
             coord = self.coordinates.to_publish(now)
             if coord is not None:
                 self._state.set(nodestate.COORDINATE, coord)
+            for name, data in self.security.sections(time.time()).items():
+                self._state.set(name, data)
             blob = self._state.take()
             if blob is not None:
                 self.swim.publish_state(blob, now)
@@ -297,7 +369,10 @@ class Agent:
             if self.metrics is not None:
                 self.metrics.observe_estimate_errors(errors)
             errors.clear()
-            await asyncio.sleep(STATE_PUBLISH_PERIOD)
+            # Revocations and key operations go out at once; the rest waits for the period.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._publish_now.wait(), STATE_PUBLISH_PERIOD)
+            self._publish_now.clear()
 
     def _save_state(self) -> None:
         """Persist our incarnation and the members we currently see alive."""
@@ -323,6 +398,8 @@ class Agent:
             self._save_state()
         if self._admin is not None:
             await self._admin.stop(0.5)  # type: ignore[attr-defined]
+            if self._authorizer is not None:
+                self._authorizer.audit.close()
         if self.metrics is not None:
             self.metrics.close()
         if self.transport is not None:

@@ -2,8 +2,11 @@
 
 On Linux each node gets its own loopback address (127.0.0.1, 127.0.0.2, ...) with the default
 ports; elsewhere (macOS and Windows only route 127.0.0.1) the nodes share 127.0.0.1 on
-consecutive ports.  Gossip is encrypted with a key generated for this run and handed to the
-children through the environment (not argv, which other users can read).
+consecutive ports.
+
+Security is on, as in production: node1 runs ``--dev`` and holds a CA made for this run; the
+others enroll through it with a join token (handed over in the environment, not argv, which
+other users can read), receive their certificates and the gossip key, and talk mTLS.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from pathlib import Path
 
 import grpc
 
-from gossip.keyring import encode_key, generate_key
+from certs import tls, tokens
+from certs.ca import CertificateAuthority
+from certs.identity import Identity
 from meshd.ctl import format_members_table
+from meshd.security import DEV_TRUST_DOMAIN
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
 
@@ -39,15 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=3.0, help="seconds between member tables")
     p.add_argument("--duration", type=float, default=0.0,
                    help="stop after this many seconds (default: run until Ctrl-C)")
-    p.add_argument("--no-encrypt", action="store_true", help="plaintext gossip")
     args = p.parse_args(argv)
     if not 1 <= args.nodes <= 250:
         p.error("--nodes must be 1..250")
     per_ip = sys.platform.startswith("linux")
     workdir = Path(tempfile.mkdtemp(prefix="meshd-devmesh-"))
-    env = dict(os.environ)
-    if not args.no_encrypt:
-        env["MESHD_ENCRYPT"] = encode_key(generate_key())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHD_")}
+    ca = CertificateAuthority.create(DEV_TRUST_DOMAIN)
+    ca.save(workdir / "node1" / "ca")
+    token, _ = tokens.create(ca, uses=max(1, args.nodes - 1), ttl=3600.0, now=time.time())
     roles = ["coordinator", "router", "gpu", "trainer", "edge"]
     procs: list[subprocess.Popen[bytes]] = []
     seed = node_addrs(1, per_ip)[0]
@@ -58,10 +64,14 @@ def main(argv: list[str] | None = None) -> int:
                "--admin", admin, "--metrics", metrics, "--profile", args.profile,
                "--role", roles[(i - 1) % len(roles)], "--zone", f"zone-{'ab'[i % 2]}",
                "--region", "dev", "--data-dir", str(workdir / f"node{i}")]
-        if i > 1:
+        child_env = dict(env)
+        if i == 1:
+            cmd += ["--dev"]
+        else:
             cmd += ["--join", seed, "--retry-join"]
+            child_env["MESHD_JOIN_TOKEN"] = token
         log = open(workdir / f"node{i}.log", "wb")  # noqa: SIM115 - lives as long as the child
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
+        procs.append(subprocess.Popen(cmd, env=child_env, stdout=log, stderr=log))
         if i == 1:
             time.sleep(0.5)
     stop = {"now": False}
@@ -72,9 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     admin_addr = node_addrs(1, per_ip)[1]
+    creds = workdir / "node1" / "meshctl"
     started = time.monotonic()
+    while not Identity.exists(creds) and time.monotonic() - started < 30:
+        time.sleep(0.1)  # node1 writes the admin client identity as it starts
+    print(f"try: meshctl --admin {admin_addr} --creds {creds} members --detailed", flush=True)
     code = 0
-    with grpc.insecure_channel(admin_addr) as channel:
+    with tls.grpc_channel(admin_addr, Identity.load(creds)) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)
         while not stop["now"]:
             time.sleep(0.2)

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from gossip.protocol import Swim
 from gossip.state import Status
 from meshd.coordinates import CoordinatePlane
+from meshd.security import Security
 from topology.client import REJECT_REASONS
 from topology.wire import DECODE_REASONS
 
@@ -132,11 +133,57 @@ class TopologyCollector(Collector):
         yield rejected
 
 
+class SecurityCollector(Collector):
+    """Refused connections and calls by channel and reason, certificate expiry, renewals."""
+
+    def __init__(self, node: str, security: Security) -> None:
+        self.node = node
+        self.security = security
+
+    def collect(self) -> Iterator[Metric]:
+        node, sec = self.node, self.security
+        refused = CounterMetricFamily(
+            "meshd_security_refusals", "Connections, calls and messages refused, by channel "
+            "(admin, gossip_stream, enrollment, ...) and reason", labels=["node", "channel",
+                                                                          "reason"])
+        for (channel, reason), n in sorted(sec.refusals.items()):
+            refused.add_metric([node, channel, reason], n)
+        yield refused
+        renewals = CounterMetricFamily("meshd_security_renewals",
+                                       "Certificate renewals of this node, by result",
+                                       labels=["node", "result"])
+        for result in ("ok", "failed"):
+            renewals.add_metric([node, result], sec.renewals[result])
+        yield renewals
+        issued = CounterMetricFamily("meshd_security_certificates_issued",
+                                     "Certificates this CA holder issued, by kind",
+                                     labels=["node", "op"])
+        for op in ("enroll", "renew"):
+            issued.add_metric([node, op], sec.enrollments[op])
+        yield issued
+        ident = sec._identity
+        if ident is not None:
+            g = GaugeMetricFamily("meshd_security_certificate_expiry_timestamp_seconds",
+                                  "When this node's certificate expires", labels=["node"])
+            g.add_metric([node], ident.not_after.timestamp())
+            yield g
+        revoked = GaugeMetricFamily("meshd_security_revoked_identities",
+                                    "Identities this node refuses as revoked", labels=["node"])
+        revoked.add_metric([node], len(sec.revocations.cutoffs) if sec.revocations else 0)
+        yield revoked
+        keys = GaugeMetricFamily("meshd_gossip_keys_installed",
+                                 "Gossip encryption keys in this node's keyring",
+                                 labels=["node"])
+        keys.add_metric([node], len(sec.keyring.keys()) if sec.keyring else 0)
+        yield keys
+
+
 class AgentMetrics:
     """The agent's registry: gossip and topology collectors plus histograms."""
 
-    def __init__(self, swim: Swim, coordinates: CoordinatePlane) -> None:
+    def __init__(self, swim: Swim, coordinates: CoordinatePlane, security: Security) -> None:
         self.registry = CollectorRegistry()
+        self.registry.register(SecurityCollector(swim.name, security))
         self.registry.register(GossipCollector(swim))
         self.probe_rtt = Histogram("meshd_gossip_probe_rtt_seconds",
                                    "Round-trip time of direct probes", ["node"],

@@ -53,13 +53,36 @@ class Settings:
     profile: str = "lan"
     """Protocol timings: lan, wan or local."""
     data_dir: str = ""
-    """Where the agent keeps its incarnation and last known members across restarts."""
+    """Where the agent keeps its identity, keyring, incarnation and last known members;
+    default ``~/.meshd/<node>``."""
     admin: str = ""
-    """Admin gRPC address (loopback only until mTLS lands); default: bind host if loopback,
-    else 127.0.0.1, port 7960."""
+    """Admin gRPC address (mTLS, RBAC); default: bind host if loopback, else 127.0.0.1, port
+    7960."""
     metrics: str = ""
     """Prometheus ``/metrics`` address, or ``off``; default: bind host (or 0.0.0.0), port 9464."""
     log_level: str = "info"
+    dev: bool = False
+    """One-machine development: make a dev CA, this node's identity, a gossip key and an admin
+    client identity (``<data-dir>/meshctl``) in the data dir.  Security stays on."""
+    ca_dir: str = ""
+    """This node holds the mesh CA in this directory (``meshctl ca init``): it signs
+    enrollments, renewals and revocations."""
+    join_token: str = dataclasses.field(default="", repr=False)
+    """Token from ``meshctl token create`` to enroll through a seed (secret: never logged)."""
+    trust_domain: str = ""
+    """Trust domain of a ``--dev`` CA (default mesh.local); otherwise it comes from the CA."""
+    cert_lifetime: float = 86400.0
+    """Seconds a certificate issued by this node's CA is valid; renewed at two thirds."""
+    rbac_policy: str = ""
+    """TOML file mapping access roles to admin methods (default: the built-in policy)."""
+    jwt_jwks: str = ""
+    """JWKS file with the keys that sign people's bearer tokens (OIDC)."""
+    jwt_key: str = ""
+    """PEM public key that signs people's bearer tokens (instead of a JWKS file)."""
+    jwt_audience: str = "meshd"
+    jwt_issuer: str = ""
+    audit_log: str = ""
+    """JSON-lines audit log of admin calls; default ``<data-dir>/audit.log``, ``off`` for none."""
 
     # --- derived ---------------------------------------------------------------------------
 
@@ -81,6 +104,9 @@ class Settings:
             return parse_hostport(self.metrics, DEFAULT_METRICS_PORT, "metrics")
         host = self.gossip_binds()[0][0]
         return (host, DEFAULT_METRICS_PORT)
+
+    def data_path(self) -> str:
+        return self.data_dir or os.path.join(os.path.expanduser("~"), ".meshd", self.node)
 
     def seeds(self) -> list[Addr]:
         return [parse_hostport(s, DEFAULT_GOSSIP_PORT, "join") for s in self.join]
@@ -108,11 +134,14 @@ class Settings:
         self.seeds()
         if self.advertise:
             parse_hostport(self.advertise, 0, "advertise")
-        host, _ = self.admin_addr()
-        if not is_loopback(host):
-            raise SettingsError(f"admin: {host} is not a loopback address; the admin API is "
-                                "plaintext until mTLS lands, so it only listens on loopback")
+        self.admin_addr()
         self.metrics_addr()
+        if not 10.0 <= self.cert_lifetime <= 30 * 86400.0:
+            raise SettingsError("cert_lifetime: must be 10 s .. 30 days")
+        if (self.jwt_jwks or self.jwt_key) and not self.jwt_issuer:
+            raise SettingsError("jwt_issuer: required with jwt_jwks/jwt_key")
+        if self.jwt_jwks and self.jwt_key:
+            raise SettingsError("jwt_jwks, jwt_key: give one of them")
         if self.retry_max < 0 or self.retry_interval <= 0:
             raise SettingsError("retry: retry_max must be >= 0 and retry_interval > 0")
 
@@ -165,9 +194,9 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
 
 
 _LISTS = {"join", "roles"}
-_BOOLS = {"retry_join"}
+_BOOLS = {"retry_join", "dev"}
 _INTS = {"retry_max"}
-_FLOATS = {"retry_interval"}
+_FLOATS = {"retry_interval", "cert_lifetime"}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
@@ -213,9 +242,21 @@ def build_parser() -> argparse.ArgumentParser:
     a("--encrypt", metavar="KEY", help="base64 AES-256 gossip key")
     a("--profile", choices=["lan", "wan", "local"], help="protocol timings")
     a("--data-dir", metavar="DIR")
-    a("--admin", metavar="ADDR:PORT", help="admin gRPC address (loopback)")
+    a("--admin", metavar="ADDR:PORT", help="admin gRPC address (mTLS)")
     a("--metrics", metavar="ADDR:PORT", help="Prometheus address, or 'off'")
     a("--log-level", choices=["debug", "info", "warning", "error"])
+    a("--dev", action="store_true", default=None,
+      help="one-machine development: dev CA and identities in the data dir (security on)")
+    a("--ca-dir", metavar="DIR", help="this node holds the mesh CA in DIR")
+    a("--join-token", metavar="TOKEN", help="enroll with this token (or $MESHD_JOIN_TOKEN)")
+    a("--trust-domain", metavar="DOMAIN", help="trust domain of a --dev CA")
+    a("--cert-lifetime", type=float, metavar="SECONDS", help="lifetime of issued certificates")
+    a("--rbac-policy", metavar="FILE", help="TOML role -> admin methods policy")
+    a("--jwt-jwks", metavar="FILE", help="JWKS file for people's bearer tokens")
+    a("--jwt-key", metavar="FILE", help="PEM public key for people's bearer tokens")
+    a("--jwt-audience", metavar="AUD", help="required 'aud' of bearer tokens (default meshd)")
+    a("--jwt-issuer", metavar="ISS", help="required 'iss' of bearer tokens")
+    a("--audit-log", metavar="FILE", help="admin audit log (JSON lines), or 'off'")
     return p
 
 

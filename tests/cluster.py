@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
+TRUST_DOMAIN = "mesh.test"
 PORT_LOW, PORT_HIGH = 20000, 32000
 """Base ports are drawn from here: below Linux's ephemeral range (32768+), so outgoing
 connections never hold one of our listening ports."""
@@ -93,7 +94,10 @@ class RpcFailed(RuntimeError):
 class _LocalClient:
     """Admin gRPC and HTTP from the test process (no network namespace)."""
 
-    def __init__(self) -> None:
+    def __init__(self, creds: Path) -> None:
+        from certs.identity import Identity
+
+        self.identity = Identity.load(creds)
         self._channels: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -118,12 +122,13 @@ class _LocalClient:
     def _call(self, target: str, method: str, request: Any, timeout: float) -> Any:
         import grpc
 
+        from certs import tls
         from proto.mesh.v1 import admin_pb2_grpc
 
         with self._lock:
             channel: Any = self._channels.get(target)
             if channel is None:
-                channel = grpc.insecure_channel(target, options=[
+                channel = tls.grpc_channel(target, self.identity, options=[
                     ("grpc.initial_reconnect_backoff_ms", 100),
                     ("grpc.max_reconnect_backoff_ms", 500)])
                 self._channels[target] = channel
@@ -152,10 +157,10 @@ class _LocalClient:
 class _NetnsClient:
     """The same queries, made by ``python -m tests.cluster --serve`` inside a namespace."""
 
-    def __init__(self, netns: str) -> None:
+    def __init__(self, netns: str, creds: Path) -> None:
         self.proc = subprocess.Popen(
             [*_pdeathsig_prefix(), "ip", "netns", "exec", netns, sys.executable, "-m",
-             "tests.cluster", "--serve"],
+             "tests.cluster", "--serve", str(creds)],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
             env=_child_env())
         _register_child(self.proc)
@@ -193,9 +198,9 @@ class _NetnsClient:
             self.proc.wait()
 
 
-def _serve() -> int:
+def _serve(creds: str) -> int:
     """The helper's loop: one JSON request per stdin line, one JSON answer per stdout line."""
-    client = _LocalClient()
+    client = _LocalClient(Path(creds))
     for line in sys.stdin:
         req = json.loads(line)
         try:
@@ -401,6 +406,7 @@ class Node:
         if join is None:
             join = [] if self.index == 1 else [self.cluster.seed.gossip]
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.provision()
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(self.command(join), cwd=ROOT, stdout=log,
@@ -412,6 +418,18 @@ class Node:
         self.stopped = False
         self.starts += 1
         return self
+
+    def provision(self) -> None:
+        """Give the node a mesh identity signed by the cluster's CA, as an operator would
+        with ``meshctl cert issue --kind node`` (unless the cluster tests enrollment)."""
+        from certs.identity import Identity
+        from certs.spiffe import SpiffeId
+
+        ident_dir = self.data_dir / "identity"
+        c = self.cluster
+        if c.provision and "--ca-dir" not in self.args and "--join-token" not in self.args \
+                and not Identity.exists(ident_dir):
+            c.ca.mint(SpiffeId.node(TRUST_DOMAIN, self.name), ["node"]).save(ident_dir)
 
     @property
     def running(self) -> bool:
@@ -500,9 +518,22 @@ class Cluster:
                  encrypt: str | None = None, netns: str | None = None, metrics: bool = True,
                  node_args: Callable[[int], list[str]] | None = None,
                  node_env: Callable[[int], dict[str, str]] | None = None,
-                 retry_join: bool = True, spare: int = 0) -> None:
+                 retry_join: bool = True, spare: int = 0, provision: bool = True) -> None:
+        from certs.ca import CertificateAuthority
+        from certs.spiffe import SpiffeId
+
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.ca_dir = self.workdir / "ca"
+        if CertificateAuthority.exists(self.ca_dir):
+            self.ca = CertificateAuthority.load(self.ca_dir)
+        else:
+            self.ca = CertificateAuthority.create(TRUST_DOMAIN)
+            self.ca.save(self.ca_dir)
+        self.provision = provision
+        self.admin_creds = self.workdir / "meshctl"
+        self.ca.mint(SpiffeId(TRUST_DOMAIN, "user", "test-admin"), ["admin"]).save(
+            self.admin_creds)
         self.profile = profile
         self.encrypt = encrypt
         self.netns = netns
@@ -518,8 +549,8 @@ class Cluster:
         self.nodes: list[Node] = []
         for _ in range(n):
             self._make_node()
-        self.client: _LocalClient | _NetnsClient = (_NetnsClient(netns) if netns
-                                                    else _LocalClient())
+        self.client: _LocalClient | _NetnsClient = (
+            _NetnsClient(netns, self.admin_creds) if netns else _LocalClient(self.admin_creds))
         self._closed = False
 
     def _make_node(self, args: list[str] | None = None,
@@ -724,8 +755,8 @@ def netns_exec(name: str, *cmd: str, check: bool = True) -> subprocess.Completed
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        sys.exit(_serve())
-    print("usage: python -m tests.cluster --serve  (query helper for network namespaces)",
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve":
+        sys.exit(_serve(sys.argv[2]))
+    print("usage: python -m tests.cluster --serve CREDS_DIR  (query helper for network namespaces)",
           file=sys.stderr)
     sys.exit(2)

@@ -8,6 +8,7 @@ import math
 import random
 import socket
 import struct
+from pathlib import Path
 
 import grpc
 import pytest
@@ -17,9 +18,10 @@ from hypothesis import strategies as st
 from gossip.config import Config
 from gossip.protocol import Swim
 from gossip.state import Member, NodeMeta, Status
-from meshd import admin, ctl, nodestate
+from meshd import ctl, nodestate
 from meshd.coordinates import CoordinatePlane, PublishPolicy
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
+from tests.admin_server import admin_channel, dev_security, start_admin
 from topology import wire
 from topology.coordinate import Coordinate
 from topology.zones import Place, Relation
@@ -135,7 +137,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_admin_rtt_statuses_and_members_coordinates() -> None:
+def test_admin_rtt_statuses_and_members_coordinates(tmp_path: Path) -> None:
     async def scenario() -> None:
         now = 0.0
         swim = Swim(Config.local(), "a", ("127.0.0.1", 7000), NodeMeta.build([], "z1", "r1",
@@ -145,9 +147,10 @@ def test_admin_rtt_statuses_and_members_coordinates() -> None:
         plane = CoordinatePlane("a", place_of=lambda n: (
             Place(m.meta.zone, m.meta.region) if (m := swim.member(n)) else None))
         port = _free_port()
-        server = await admin.serve(swim, lambda: now, "127.0.0.1", port, coordinates=plane)
+        sec = dev_security(tmp_path, "a")
+        server = await start_admin(swim, lambda: now, plane, sec, port)
         try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            async with admin_channel(sec, port) as ch:
                 stub = admin_pb2_grpc.AdminStub(ch)
                 for req, code, text in (
                     (admin_pb2.RttRequest(), grpc.StatusCode.INVALID_ARGUMENT, "a:"),

@@ -18,6 +18,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -32,6 +33,9 @@ import grpc
 import msgpack
 import pytest
 
+from certs import tls
+from certs.identity import Identity
+from certs.spiffe import SpiffeId
 from gossip import codec
 from gossip.keyring import Keyring, encode_key, generate_key
 from meshd.settings import SettingsError, load
@@ -222,12 +226,15 @@ def test_encryption_wrong_key_cannot_join(clusters) -> None:
 # --- (d) garbage on the gossip ports ----------------------------------------------------------
 
 
-def _tcp_send(host: str, port: int, data: bytes) -> None:
-    """Send ``data`` on a fresh connection, close our side, wait for the agent to hang up."""
-    with socket.create_connection((host, port), timeout=10) as s:
-        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+def _tcp_send(host: str, port: int, data: bytes, tls_dir: Path | None = None) -> None:
+    """Send ``data`` on a fresh connection (inside mTLS with the identity in ``tls_dir``),
+    close our side, wait for the agent to hang up."""
+    with socket.create_connection((host, port), timeout=10) as raw:
+        s = tls.client_context(tls_dir).wrap_socket(raw) if tls_dir else raw
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError, ssl.SSLError):
             s.sendall(data)
-            s.shutdown(socket.SHUT_WR)
+            if tls_dir is None:
+                s.shutdown(socket.SHUT_WR)
             while s.recv(65536):
                 pass
 
@@ -265,7 +272,12 @@ def test_garbage_is_counted_and_dropped(clusters) -> None:
         struct.pack(">I", len(stream) - 3) + stream[:-3],  # a cut-off valid stream
         b"",  # connect and close
     ]
+    # Push-pull streams are mTLS: garbage inside a mesh node's TLS session reaches the frame
+    # parser; the same garbage in plaintext fails the TLS handshake.
+    garbler = c.workdir / "garbler"
+    c.ca.mint(SpiffeId.node("mesh.test", "garbler"), ["node"]).save(garbler)
     for f in frames:
+        _tcp_send(target.ip, target.gossip_port, f, garbler)
         _tcp_send(target.ip, target.gossip_port, f)
     time.sleep(0.5)
     assert target.running, c.tail(target)
@@ -276,6 +288,9 @@ def test_garbage_is_counted_and_dropped(clusters) -> None:
     assert udp_drops >= len(datagrams) - 5, drops  # a few random ones may decode as valid
     assert stream_drops >= len(frames) - 1, drops
     assert drops.get("stream_oversized", 0) >= 1 and drops.get("stream_truncated", 0) >= 1
+    refused = metric_sum(samples, "meshd_security_refusals_total", channel="gossip_stream",
+                         reason="tls_handshake")
+    assert refused >= len(frames) - 1, refused
     # Still healthy: answers its admin API, still converged, no traceback in its log.
     c.wait_converged(10)
     raw = [e["raw"] for e in target.logs() if e.get("event") == "raw"]
@@ -299,8 +314,8 @@ def test_bad_settings_exit_2_naming_the_setting() -> None:
     assert r.returncode == 2 and "--profile" in r.stderr and "bogus" in r.stderr, r.stderr
     r = _meshd("--node", "a", "--bind", "127.0.0.1:0", env={"MESHD_PROFILE": "bogus"})
     assert r.returncode == 2 and "profile" in r.stderr and "bogus" in r.stderr, r.stderr
-    r = _meshd("--node", "a", "--bind", "127.0.0.1:0", "--admin", "0.0.0.0:7960")
-    assert r.returncode == 2 and "admin" in r.stderr and "loopback" in r.stderr, r.stderr
+    r = _meshd("--node", "a", "--bind", "127.0.0.1:0", "--cert-lifetime", "5")
+    assert r.returncode == 2 and "cert_lifetime" in r.stderr, r.stderr
     r = _meshd("--node", "a", "--bind", "127.0.0.1:0", "--encrypt", "c2hvcnQ=")
     assert r.returncode == 2 and "encrypt" in r.stderr and "c2hvcnQ" not in r.stderr, r.stderr
 
@@ -328,8 +343,8 @@ def test_settings_precedence_file_env_flags(tmp_path: Path) -> None:
         load(["--config", str(tmp_path / "bad.toml")], {})
     with pytest.raises(SettingsError, match="retry_max"):
         load([], {"MESHD_RETRY_MAX": "many"})
-    with pytest.raises(SettingsError, match="admin"):
-        load(["--bind", "127.0.0.1:7000", "--admin", "0.0.0.0:7960"], {})
+    with pytest.raises(SettingsError, match="jwt_issuer"):
+        load(["--bind", "127.0.0.1:7000", "--jwt-key", "k.pem"], {})
 
 
 # --- (f) meshctl filters and INVALID_ARGUMENT -------------------------------------------------
@@ -345,7 +360,8 @@ def test_meshctl_filters_and_invalid_argument(clusters) -> None:
 
     def meshctl(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "meshd.ctl", "--admin", c.seed.admin,
-                               *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+                               "--creds", str(c.admin_creds), *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=30)
 
     r = meshctl("members", "--status", "alive", "--role", "gpu", "--format", "json")
     assert r.returncode == 0, r.stderr
@@ -360,7 +376,7 @@ def test_meshctl_filters_and_invalid_argument(clusters) -> None:
     r = meshctl("members", "--status", "bogus")
     assert r.returncode == 2 and "--status" in r.stderr
 
-    with grpc.insecure_channel(c.seed.admin) as ch:
+    with tls.grpc_channel(c.seed.admin, Identity.load(c.admin_creds)) as ch:
         stub = admin_pb2_grpc.AdminStub(ch)
         for req, field in ((admin_pb2.MembersRequest(status=["alive", "zombie"]), "status"),
                            (admin_pb2.MembersRequest(role=["wizard"]), "role")):

@@ -111,7 +111,8 @@ def test_coordinates_converge_to_injected_delays(tmp_path: Path) -> None:
         assert metric_sum(metrics, "meshd_topology_coordinates_known") == len(LAYOUT) - 1
 
         # The operator's view: meshctl rtt and members --detailed.
-        ctl = [sys.executable, "-m", "meshd.ctl", "--admin", observer.admin]
+        ctl = [sys.executable, "-m", "meshd.ctl", "--admin", observer.admin, "--creds",
+               str(c.admin_creds)]
         out = subprocess.run([*ctl, "rtt", "n2", "n5"], capture_output=True, text=True,
                              cwd=ROOT, timeout=20)
         assert out.returncode == 0, out.stderr

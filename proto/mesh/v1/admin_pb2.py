@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19proto/mesh/v1/admin.proto\x12\x07mesh.v1\".\n\x0eMembersRequest\x12\x0e\n\x06status\x18\x01 \x03(\t\x12\x0c\n\x04role\x18\x02 \x03(\t\"\xad\x03\n\x06Member\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\r\n\x05roles\x18\x05 \x03(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x0e\n\x06region\x18\x07 \x01(\t\x12\'\n\x04tags\x18\x08 \x03(\x0b\x32\x19.mesh.v1.Member.TagsEntry\x12)\n\x05ports\x18\t \x03(\x0b\x32\x1a.mesh.v1.Member.PortsEntry\x12\x1a\n\x12status_age_seconds\x18\n \x01(\x01\x12\x10\n\x08is_local\x18\x0b \x01(\x08\x12\'\n\ncoordinate\x18\x0c \x01(\x0b\x32\x13.mesh.v1.Coordinate\x12,\n\x0ertt_from_local\x18\r \x01(\x0b\x32\x14.mesh.v1.RttEstimate\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"L\n\nCoordinate\x12\x0b\n\x03vec\x18\x01 \x03(\x01\x12\r\n\x05\x65rror\x18\x02 \x01(\x01\x12\x12\n\nadjustment\x18\x03 \x01(\x01\x12\x0e\n\x06height\x18\x04 \x01(\x01\"\"\n\nRttRequest\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\"{\n\x0bRttEstimate\x12\x13\n\x0brtt_seconds\x18\x01 \x01(\x01\x12\r\n\x05\x65rror\x18\x02 \x01(\x01\x12\x12\n\nconfidence\x18\x03 \x01(\x01\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x10\n\x08relation\x18\x05 \x01(\t\x12\x12\n\nconsistent\x18\x06 \x01(\x08\"}\n\x0bRttResponse\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12&\n\x08\x65stimate\x18\x03 \x01(\x0b\x32\x14.mesh.v1.RttEstimate\x12\x1c\n\x14measured_rtt_seconds\x18\x04 \x01(\x01\x12\x12\n\nlocal_node\x18\x05 \x01(\t\"]\n\x0fMembersResponse\x12 \n\x07members\x18\x01 \x03(\x0b\x32\x0f.mesh.v1.Member\x12\x12\n\nlocal_node\x18\x02 \x01(\t\x12\x14\n\x0chealth_score\x18\x03 \x01(\r2w\n\x05\x41\x64min\x12<\n\x07Members\x12\x17.mesh.v1.MembersRequest\x1a\x18.mesh.v1.MembersResponse\x12\x30\n\x03Rtt\x12\x13.mesh.v1.RttRequest\x1a\x14.mesh.v1.RttResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19proto/mesh/v1/admin.proto\x12\x07mesh.v1\"\x0f\n\rWhoamiRequest\"P\n\x0eWhoamiResponse\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06server\x18\x04 \x01(\t\"\x11\n\x0fKeysListRequest\"B\n\x07KeyInfo\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12\x11\n\tinstalled\x18\x02 \x01(\r\x12\x0f\n\x07primary\x18\x03 \x01(\r\"Z\n\x10KeysListResponse\x12\x1e\n\x04keys\x18\x01 \x03(\x0b\x32\x10.mesh.v1.KeyInfo\x12\x0f\n\x07members\x18\x02 \x01(\r\x12\x15\n\rlocal_primary\x18\x03 \x01(\t\"E\n\x11KeysChangeRequest\x12\n\n\x02op\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\"h\n\x12KeysChangeResponse\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12\r\n\x05\x61\x63ked\x18\x02 \x01(\r\x12\r\n\x05total\x18\x03 \x01(\r\x12\x0f\n\x07missing\x18\x04 \x03(\t\x12\x0e\n\x06\x65rrors\x18\x05 \x03(\t\"7\n\x12TokenCreateRequest\x12\x0c\n\x04uses\x18\x01 \x01(\r\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\"T\n\x13TokenCreateResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x14\n\x0c\x65xpires_unix\x18\x03 \x01(\x01\x12\x0c\n\x04uses\x18\x04 \x01(\r\"\x1d\n\rRevokeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x0eRevokeResponse\x12\x11\n\tspiffe_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63utoff_unix\x18\x02 \x01(\x01\".\n\x0eMembersRequest\x12\x0e\n\x06status\x18\x01 \x03(\t\x12\x0c\n\x04role\x18\x02 \x03(\t\"\xad\x03\n\x06Member\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\r\n\x05roles\x18\x05 \x03(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x0e\n\x06region\x18\x07 \x01(\t\x12\'\n\x04tags\x18\x08 \x03(\x0b\x32\x19.mesh.v1.Member.TagsEntry\x12)\n\x05ports\x18\t \x03(\x0b\x32\x1a.mesh.v1.Member.PortsEntry\x12\x1a\n\x12status_age_seconds\x18\n \x01(\x01\x12\x10\n\x08is_local\x18\x0b \x01(\x08\x12\'\n\ncoordinate\x18\x0c \x01(\x0b\x32\x13.mesh.v1.Coordinate\x12,\n\x0ertt_from_local\x18\r \x01(\x0b\x32\x14.mesh.v1.RttEstimate\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"L\n\nCoordinate\x12\x0b\n\x03vec\x18\x01 \x03(\x01\x12\r\n\x05\x65rror\x18\x02 \x01(\x01\x12\x12\n\nadjustment\x18\x03 \x01(\x01\x12\x0e\n\x06height\x18\x04 \x01(\x01\"\"\n\nRttRequest\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\"{\n\x0bRttEstimate\x12\x13\n\x0brtt_seconds\x18\x01 \x01(\x01\x12\r\n\x05\x65rror\x18\x02 \x01(\x01\x12\x12\n\nconfidence\x18\x03 \x01(\x01\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x10\n\x08relation\x18\x05 \x01(\t\x12\x12\n\nconsistent\x18\x06 \x01(\x08\"}\n\x0bRttResponse\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12&\n\x08\x65stimate\x18\x03 \x01(\x0b\x32\x14.mesh.v1.RttEstimate\x12\x1c\n\x14measured_rtt_seconds\x18\x04 \x01(\x01\x12\x12\n\nlocal_node\x18\x05 \x01(\t\"]\n\x0fMembersResponse\x12 \n\x07members\x18\x01 \x03(\x0b\x32\x0f.mesh.v1.Member\x12\x12\n\nlocal_node\x18\x02 \x01(\t\x12\x14\n\x0chealth_score\x18\x03 \x01(\r2\xbf\x03\n\x05\x41\x64min\x12<\n\x07Members\x12\x17.mesh.v1.MembersRequest\x1a\x18.mesh.v1.MembersResponse\x12\x30\n\x03Rtt\x12\x13.mesh.v1.RttRequest\x1a\x14.mesh.v1.RttResponse\x12\x39\n\x06Whoami\x12\x16.mesh.v1.WhoamiRequest\x1a\x17.mesh.v1.WhoamiResponse\x12?\n\x08KeysList\x12\x18.mesh.v1.KeysListRequest\x1a\x19.mesh.v1.KeysListResponse\x12\x45\n\nKeysChange\x12\x1a.mesh.v1.KeysChangeRequest\x1a\x1b.mesh.v1.KeysChangeResponse\x12H\n\x0bTokenCreate\x12\x1b.mesh.v1.TokenCreateRequest\x1a\x1c.mesh.v1.TokenCreateResponse\x12\x39\n\x06Revoke\x12\x16.mesh.v1.RevokeRequest\x1a\x17.mesh.v1.RevokeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,24 +35,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MEMBER_TAGSENTRY']._serialized_options = b'8\001'
   _globals['_MEMBER_PORTSENTRY']._loaded_options = None
   _globals['_MEMBER_PORTSENTRY']._serialized_options = b'8\001'
-  _globals['_MEMBERSREQUEST']._serialized_start=38
-  _globals['_MEMBERSREQUEST']._serialized_end=84
-  _globals['_MEMBER']._serialized_start=87
-  _globals['_MEMBER']._serialized_end=516
-  _globals['_MEMBER_TAGSENTRY']._serialized_start=427
-  _globals['_MEMBER_TAGSENTRY']._serialized_end=470
-  _globals['_MEMBER_PORTSENTRY']._serialized_start=472
-  _globals['_MEMBER_PORTSENTRY']._serialized_end=516
-  _globals['_COORDINATE']._serialized_start=518
-  _globals['_COORDINATE']._serialized_end=594
-  _globals['_RTTREQUEST']._serialized_start=596
-  _globals['_RTTREQUEST']._serialized_end=630
-  _globals['_RTTESTIMATE']._serialized_start=632
-  _globals['_RTTESTIMATE']._serialized_end=755
-  _globals['_RTTRESPONSE']._serialized_start=757
-  _globals['_RTTRESPONSE']._serialized_end=882
-  _globals['_MEMBERSRESPONSE']._serialized_start=884
-  _globals['_MEMBERSRESPONSE']._serialized_end=977
-  _globals['_ADMIN']._serialized_start=979
-  _globals['_ADMIN']._serialized_end=1098
+  _globals['_WHOAMIREQUEST']._serialized_start=38
+  _globals['_WHOAMIREQUEST']._serialized_end=53
+  _globals['_WHOAMIRESPONSE']._serialized_start=55
+  _globals['_WHOAMIRESPONSE']._serialized_end=135
+  _globals['_KEYSLISTREQUEST']._serialized_start=137
+  _globals['_KEYSLISTREQUEST']._serialized_end=154
+  _globals['_KEYINFO']._serialized_start=156
+  _globals['_KEYINFO']._serialized_end=222
+  _globals['_KEYSLISTRESPONSE']._serialized_start=224
+  _globals['_KEYSLISTRESPONSE']._serialized_end=314
+  _globals['_KEYSCHANGEREQUEST']._serialized_start=316
+  _globals['_KEYSCHANGEREQUEST']._serialized_end=385
+  _globals['_KEYSCHANGERESPONSE']._serialized_start=387
+  _globals['_KEYSCHANGERESPONSE']._serialized_end=491
+  _globals['_TOKENCREATEREQUEST']._serialized_start=493
+  _globals['_TOKENCREATEREQUEST']._serialized_end=548
+  _globals['_TOKENCREATERESPONSE']._serialized_start=550
+  _globals['_TOKENCREATERESPONSE']._serialized_end=634
+  _globals['_REVOKEREQUEST']._serialized_start=636
+  _globals['_REVOKEREQUEST']._serialized_end=665
+  _globals['_REVOKERESPONSE']._serialized_start=667
+  _globals['_REVOKERESPONSE']._serialized_end=723
+  _globals['_MEMBERSREQUEST']._serialized_start=725
+  _globals['_MEMBERSREQUEST']._serialized_end=771
+  _globals['_MEMBER']._serialized_start=774
+  _globals['_MEMBER']._serialized_end=1203
+  _globals['_MEMBER_TAGSENTRY']._serialized_start=1114
+  _globals['_MEMBER_TAGSENTRY']._serialized_end=1157
+  _globals['_MEMBER_PORTSENTRY']._serialized_start=1159
+  _globals['_MEMBER_PORTSENTRY']._serialized_end=1203
+  _globals['_COORDINATE']._serialized_start=1205
+  _globals['_COORDINATE']._serialized_end=1281
+  _globals['_RTTREQUEST']._serialized_start=1283
+  _globals['_RTTREQUEST']._serialized_end=1317
+  _globals['_RTTESTIMATE']._serialized_start=1319
+  _globals['_RTTESTIMATE']._serialized_end=1442
+  _globals['_RTTRESPONSE']._serialized_start=1444
+  _globals['_RTTRESPONSE']._serialized_end=1569
+  _globals['_MEMBERSRESPONSE']._serialized_start=1571
+  _globals['_MEMBERSRESPONSE']._serialized_end=1664
+  _globals['_ADMIN']._serialized_start=1667
+  _globals['_ADMIN']._serialized_end=2114
 # @@protoc_insertion_point(module_scope)

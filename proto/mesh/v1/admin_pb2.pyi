@@ -6,6 +6,104 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WhoamiRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WhoamiResponse(_message.Message):
+    __slots__ = ("principal", "roles", "kind", "server")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    kind: str
+    server: str
+    def __init__(self, principal: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., server: _Optional[str] = ...) -> None: ...
+
+class KeysListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KeyInfo(_message.Message):
+    __slots__ = ("fingerprint", "installed", "primary")
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    fingerprint: str
+    installed: int
+    primary: int
+    def __init__(self, fingerprint: _Optional[str] = ..., installed: _Optional[int] = ..., primary: _Optional[int] = ...) -> None: ...
+
+class KeysListResponse(_message.Message):
+    __slots__ = ("keys", "members", "local_primary")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[KeyInfo]
+    members: int
+    local_primary: str
+    def __init__(self, keys: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., members: _Optional[int] = ..., local_primary: _Optional[str] = ...) -> None: ...
+
+class KeysChangeRequest(_message.Message):
+    __slots__ = ("op", "key", "timeout_seconds")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    key: str
+    timeout_seconds: float
+    def __init__(self, op: _Optional[str] = ..., key: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class KeysChangeResponse(_message.Message):
+    __slots__ = ("fingerprint", "acked", "total", "missing", "errors")
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    fingerprint: str
+    acked: int
+    total: int
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, fingerprint: _Optional[str] = ..., acked: _Optional[int] = ..., total: _Optional[int] = ..., missing: _Optional[_Iterable[str]] = ..., errors: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TokenCreateRequest(_message.Message):
+    __slots__ = ("uses", "ttl_seconds")
+    USES_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    uses: int
+    ttl_seconds: float
+    def __init__(self, uses: _Optional[int] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+
+class TokenCreateResponse(_message.Message):
+    __slots__ = ("token", "id", "expires_unix", "uses")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_FIELD_NUMBER: _ClassVar[int]
+    USES_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    id: str
+    expires_unix: float
+    uses: int
+    def __init__(self, token: _Optional[str] = ..., id: _Optional[str] = ..., expires_unix: _Optional[float] = ..., uses: _Optional[int] = ...) -> None: ...
+
+class RevokeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RevokeResponse(_message.Message):
+    __slots__ = ("spiffe_id", "cutoff_unix")
+    SPIFFE_ID_FIELD_NUMBER: _ClassVar[int]
+    CUTOFF_UNIX_FIELD_NUMBER: _ClassVar[int]
+    spiffe_id: str
+    cutoff_unix: float
+    def __init__(self, spiffe_id: _Optional[str] = ..., cutoff_unix: _Optional[float] = ...) -> None: ...
+
 class MembersRequest(_message.Message):
     __slots__ = ("status", "role")
     STATUS_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,31 @@ class AdminStub:
                 request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RttRequest.SerializeToString,
                 response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RttResponse.FromString,
                 _registered_method=True)
+        self.Whoami = channel.unary_unary(
+                '/mesh.v1.Admin/Whoami',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.WhoamiRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.WhoamiResponse.FromString,
+                _registered_method=True)
+        self.KeysList = channel.unary_unary(
+                '/mesh.v1.Admin/KeysList',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.KeysListRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.KeysListResponse.FromString,
+                _registered_method=True)
+        self.KeysChange = channel.unary_unary(
+                '/mesh.v1.Admin/KeysChange',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.KeysChangeRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.KeysChangeResponse.FromString,
+                _registered_method=True)
+        self.TokenCreate = channel.unary_unary(
+                '/mesh.v1.Admin/TokenCreate',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.TokenCreateRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.TokenCreateResponse.FromString,
+                _registered_method=True)
+        self.Revoke = channel.unary_unary(
+                '/mesh.v1.Admin/Revoke',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -66,6 +91,44 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Whoami(self, request, context):
+        """Whoami names the caller as the answering node authenticated it, and its
+        access roles.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KeysList(self, request, context):
+        """KeysList shows the gossip keys installed across the mesh, by fingerprint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KeysChange(self, request, context):
+        """KeysChange installs, makes primary ("use") or removes a gossip key on every
+        member (through gossip) and reports how many acknowledged it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TokenCreate(self, request, context):
+        """TokenCreate makes a join token (CA holders only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Revoke(self, request, context):
+        """Revoke voids every certificate of an identity issued until now (CA holders
+        only); every member refuses it within a gossip round.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +141,31 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Rtt,
                     request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RttRequest.FromString,
                     response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RttResponse.SerializeToString,
+            ),
+            'Whoami': grpc.unary_unary_rpc_method_handler(
+                    servicer.Whoami,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.WhoamiRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.WhoamiResponse.SerializeToString,
+            ),
+            'KeysList': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeysList,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.KeysListRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.KeysListResponse.SerializeToString,
+            ),
+            'KeysChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeysChange,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.KeysChangeRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.KeysChangeResponse.SerializeToString,
+            ),
+            'TokenCreate': grpc.unary_unary_rpc_method_handler(
+                    servicer.TokenCreate,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.TokenCreateRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.TokenCreateResponse.SerializeToString,
+            ),
+            'Revoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.Revoke,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +223,141 @@ class Admin:
             '/mesh.v1.Admin/Rtt',
             proto_dot_mesh_dot_v1_dot_admin__pb2.RttRequest.SerializeToString,
             proto_dot_mesh_dot_v1_dot_admin__pb2.RttResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Whoami(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/Whoami',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.WhoamiRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.WhoamiResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeysList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/KeysList',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.KeysListRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.KeysListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeysChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/KeysChange',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.KeysChangeRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.KeysChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TokenCreate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/TokenCreate',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.TokenCreateRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.TokenCreateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Revoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/Revoke',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeResponse.FromString,
             options,
             channel_credentials,
             insecure,

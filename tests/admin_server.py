@@ -1,0 +1,36 @@
+"""An in-process admin API with real mTLS, for tests: a ``--dev`` security plane in a temp dir
+(its CA, the node's identity and an admin client identity), the server, and client channels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from certs import tls
+from certs.identity import Identity
+from gossip.protocol import Swim
+from meshd import admin
+from meshd.coordinates import CoordinatePlane
+from meshd.security import Security
+
+
+def dev_security(directory: Path, node: str) -> Security:
+    sec = Security(directory, node, dev=True, trust_domain="mesh.test")
+    sec.prepare()
+    return sec
+
+
+async def start_admin(swim: Swim, clock: object, plane: CoordinatePlane, sec: Security,
+                      port: int, **authz: Any) -> grpc.aio.Server:
+    authz.setdefault("audit_log", str(sec.dir / "audit.log"))
+    authorizer = admin.build_authorizer(sec, **authz)
+    return await admin.serve(swim, clock, "127.0.0.1", port, coordinates=plane,
+                             security=sec, authorizer=authorizer)
+
+
+def admin_channel(sec: Security, port: int, ident: Identity | None = None) -> grpc.aio.Channel:
+    """An aio channel presenting ``ident`` (default: the dev admin client identity)."""
+    ident = ident or Identity.load(sec.dir / "meshctl")
+    return tls.grpc_channel(f"127.0.0.1:{port}", ident, aio=True)  # type: ignore[return-value]
