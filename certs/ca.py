@@ -130,11 +130,11 @@ class CertificateAuthority:
             raise CaError("CA bundle is empty: give the root certificate(s) to trust")
         issuer = cert
         for parent in chain:
-            if not _issued_by(issuer, parent):
+            if not issued_by(issuer, parent):
                 raise CaError(f"chain: {issuer.subject.rfc4514_string()} is not issued by "
                               f"{parent.subject.rfc4514_string()}")
             issuer = parent
-        if not any(_issued_by(issuer, root) for root in bundle):
+        if not any(issued_by(issuer, root) for root in bundle):
             raise CaError("CA bundle: no root in it issued the CA certificate (or its chain)")
         return cls(trust_domain, key, cert, tuple(chain), tuple(bundle))
 
@@ -287,7 +287,8 @@ class CertificateAuthority:
         return b.sign(self.key, hashes.SHA256())
 
 
-def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    """Whether ``issuer`` signed ``cert`` (a signature and name check, no policy)."""
     try:
         cert.verify_directly_issued_by(issuer)
         return True

@@ -19,7 +19,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from certs.ca import CLOCK_SKEW, MAX_LEAF_LIFETIME, CertificateAuthority
+from certs.ca import CLOCK_SKEW, MAX_LEAF_LIFETIME, CertificateAuthority, issued_by
+from certs.identity import write_public
 from certs.spiffe import SpiffeError, SpiffeId
 
 FORMAT = 1
@@ -69,14 +70,6 @@ def _signed_by(cert: x509.Certificate, body: bytes, sig: bytes) -> bool:
         pub.verify(sig, body, ec.ECDSA(hashes.SHA256()))
         return True
     except InvalidSignature:
-        return False
-
-
-def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
-    try:
-        cert.verify_directly_issued_by(issuer)
-        return True
-    except Exception:  # noqa: BLE001 - InvalidSignature, ValueError, TypeError all mean "no"
         return False
 
 
@@ -157,18 +150,16 @@ class Revocations:
         if not _signed_by(chain[0], body, sig):
             raise RevocationError("revocation list signature does not verify")
         for child, parent in zip(chain, chain[1:], strict=False):
-            if not _issued_by(child, parent):
+            if not issued_by(child, parent):
                 raise RevocationError("revocation list signer chain is broken")
         top = chain[-1]
-        if not any(top == root or _issued_by(top, root) for root in self.bundle):
+        if not any(top == root or issued_by(top, root) for root in self.bundle):
             raise RevocationError("revocation list is not signed by a mesh CA")
         return entries
 
     def _save(self) -> None:
         if self.path is None:
             return
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.cutoffs))
-        tmp.replace(self.path)
+        write_public(self.path, json.dumps(self.cutoffs).encode())
 
 

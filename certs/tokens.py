@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from certs.ca import CertificateAuthority
+from certs.identity import write_public
 
 PREFIX = "mjt1"
 MAX_TOKEN_CHARS = 512
@@ -170,9 +171,7 @@ class TokenLedger:
     def _save(self) -> None:
         if self.path is None:
             return
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.local))
-        tmp.replace(self.path)
+        write_public(self.path, json.dumps(self.local).encode())
 
 
 def der_fingerprint(der: bytes) -> str:
