@@ -27,10 +27,13 @@ valid certificate is trusted; the certificate check is the security boundary.)
 As in pysyncobj, of two nodes the one with the greater address string dials; a hello from a node
 that we are supposed to dial is refused, and a new connection from a node replaces its old one
 (it has probably restarted).  Read-only nodes and pysyncobj's utility messages (``syncobj_admin``)
-are not supported: every Raft peer is a full member with a node certificate.  Unlike pysyncobj's
-``TcpConnection`` an established connection is not dropped for being idle (followers do not talk
-to each other between elections); dead peers are found by TCP keepalive (``conf.tcp_keepalive``)
-and by end-of-stream, and unfinished handshakes time out after ``conf.connectionTimeout``.
+are not supported: every Raft peer is a full member with a node certificate.  pysyncobj's
+``TcpConnection`` drops a connection that read nothing for ``connectionTimeout`` when it next
+sends, which hits the idle link between two followers just when they need it for an election;
+here an established connection is never dropped for being idle: dead peers are found by TCP
+keepalive (``conf.tcp_keepalive``) and end-of-stream, and only unfinished handshakes time out
+(after ``conf.connectionTimeout``).  Memory per connection is bounded: frames by ``max_frame``,
+unsent log replication by :data:`SEND_BACKLOG`.
 """
 
 from __future__ import annotations
@@ -68,16 +71,18 @@ MAX_HELLO = 1024
 MAX_UNAUTHENTICATED = 64
 """Connections still in the TLS handshake or hello; more are refused at accept."""
 SEND_BACKLOG = 4 * 1024 * 1024
-"""Unsent bytes per connection above which ``send`` drops messages (returns False).  Raft
-treats that as message loss and resends from the follower's log position, whereas an unbounded
-buffer only adds latency: pysyncobj resends entries it has not heard back about, and the more
-is in flight the more it resends."""
+"""Unsent bytes per connection above which ``send`` drops ``append_entries`` (returns False).
+pysyncobj moves a follower's next index back to the last acknowledged entry on every ack and
+resends from there, so whatever sits in a buffer gets sent again and again (an unbounded buffer
+turned 28 MB of entries into ~3 GB of traffic in a flood test).  A dropped ``append_entries`` is
+message loss Raft recovers from (the follower asks for its position); other messages (votes,
+acks, forwarded client commands) are small and never dropped."""
 RECV_CHUNK = 64 * 1024
-RECV_ROUNDS = 1000
+RECV_ROUNDS = 16
 """recv() calls per poll event once authenticated (the poller is level-triggered)."""
 ACCEPTS_PER_EVENT = 32
 LOG_EVERY = 10.0
-"""Seconds between warnings for the same refusal reason; the rest go to debug."""
+"""Seconds between warnings for the same refusal reason (or peer); the rest go to debug."""
 
 PROTOCOL = b"meshd-raft/1"
 HELLO = PROTOCOL + b" hello "
@@ -154,6 +159,11 @@ def _tls_reason(exc: ssl.SSLError) -> str:
     if isinstance(exc, ssl.SSLCertVerificationError):
         return _VERIFY_REASONS.get(exc.verify_code, "untrusted")
     return "tls_handshake"
+
+
+def _droppable(message: Any) -> bool:
+    """Log replication, the only bulk traffic: Raft resends it from the follower's position."""
+    return isinstance(message, dict) and message.get("type") == "append_entries"
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
@@ -263,14 +273,12 @@ class _Conn:
                 chunk = self._tls.read(RECV_CHUNK)
             except ssl.SSLWantReadError:
                 return
-            except ssl.SSLZeroReturnError:
-                self.close()
-                return
             except ssl.SSLError as exc:
                 if self.state is _State.HELLO and self.outgoing:
-                    log.warning("raft: %s closed our connection during the hello (%s): does "
-                                "it accept our certificate?", self.peer, exc.reason or exc)
-                else:
+                    self.owner._warn(f"hello:{self.peer}", "raft: %s closed our connection "
+                                     "during the hello (%s): does it accept our certificate?",
+                                     self.peer, exc.reason or exc)
+                elif not isinstance(exc, ssl.SSLZeroReturnError | ssl.SSLEOFError):
                     log.info("raft: %r: TLS error %s", self, exc.reason or exc)
                 self.close()
                 return
@@ -305,8 +313,7 @@ class _Conn:
         return len(self._wbuf) + self._out.pending
 
     def send_frame(self, payload: bytes) -> None:
-        self._tls.write(_LEN.pack(len(payload)))
-        self._tls.write(payload)
+        self._tls.write(_LEN.pack(len(payload)) + payload)  # one TLS record where it fits
         self.flush()
 
     def flush(self) -> None:
@@ -439,14 +446,15 @@ class TlsTransport(Transport):  # type: ignore[misc]
         conn = self._conns.get(node)
         if conn is None or conn.state is not _State.OPEN:
             return False
-        if conn.backlog > SEND_BACKLOG:
+        if conn.backlog > SEND_BACKLOG and _droppable(message):
             conn.flush()  # the kernel may have room by now (the tick can be long)
-        if conn.state is not _State.OPEN:
-            return False
-        if conn.backlog > SEND_BACKLOG:
-            self.dropped_messages += 1
-            log.debug("raft: %r is %d bytes behind; message dropped", conn, conn.backlog)
-            return False
+            if conn.state is not _State.OPEN:
+                return False
+            if conn.backlog > SEND_BACKLOG:
+                self.dropped_messages += 1
+                log.debug("raft: %r is %d bytes behind; append_entries dropped", conn,
+                          conn.backlog)
+                return False
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if len(payload) > self.tls.max_frame:
             log.error("raft: a %d-byte message to %s exceeds max_frame %d; not sent",
@@ -734,15 +742,20 @@ class TlsTransport(Transport):  # type: ignore[misc]
         names = self.tls.node_names
         return None if names is None else names.get(node.address, "")
 
-    def _count_refusal(self, conn: _Conn | None, reason: str, detail: str) -> None:
-        self.refused[reason] += 1
+    def _warn(self, key: str, msg: str, *args: object) -> None:
+        """A warning at most every LOG_EVERY seconds per ``key`` (the rest at debug): refused
+        peers retry, and scanners would flood the log."""
         now = time.monotonic()
         level = logging.DEBUG
-        if now - self._last_warning.get(reason, -LOG_EVERY) >= LOG_EVERY:
-            self._last_warning[reason] = now
+        if now - self._last_warning.get(key, -LOG_EVERY) >= LOG_EVERY:
+            self._last_warning[key] = now
             level = logging.WARNING
-        log.log(level, "raft: refused %s: %s (%s)", conn if conn is not None else "connection",
-                reason, detail)
+        log.log(level, msg, *args)
+
+    def _count_refusal(self, conn: _Conn | None, reason: str, detail: str) -> None:
+        self.refused[reason] += 1
+        self._warn(f"refused:{reason}", "raft: refused %s: %s (%s)",
+                   conn if conn is not None else "connection", reason, detail)
         if self.tls.on_refused is not None:
             try:
                 self.tls.on_refused(reason)
