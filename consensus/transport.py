@@ -101,7 +101,8 @@ class RaftTls:
     on :class:`certs.verify.PeerRejected`, becomes the refusal label).  ``on_refused`` is told
     the short label of every connection we close for security reasons (metrics).
     ``node_names`` (Raft address -> certificate name) pins who may be which member; without it
-    any authorized peer may claim any member address.
+    any authorized peer may claim any member address.  Both callables run on SyncObj's tick
+    thread, so they must be quick (``PeerVerifier`` caches verified leaves).
     """
 
     server_context: ssl.SSLContext

@@ -180,6 +180,10 @@ def local(pki: Pki) -> Iterator[LocalNode]:
         yield LocalNode(obj, transport, port, verifier, received, refusals)
     finally:
         obj.destroy_synchronous()
+    with socket.socket() as s:  # destroy closed the listening socket (TIME_WAIT is fine)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
 
 
 def frame(payload: bytes) -> bytes:
@@ -389,8 +393,11 @@ def test_plain_tcp_reaches_nothing(local: LocalNode, pki: Pki, tmp_path: Path) -
             sock.sendall(data)
             closed, _ = read_until_closed(sock)
             assert closed, f"{what}: the node kept the connection open"
-        wait_for(lambda n=i: local.transport.refused["tls_handshake"] == n, 3,
-                 f"{what} to be refused")
+
+        def refused(n: int = i) -> bool:
+            return local.transport.refused["tls_handshake"] == n
+
+        wait_for(refused, 3, f"{what} to be refused")
     # a client that sends nothing is dropped once the handshake deadline passes
     with socket.create_connection(("127.0.0.1", local.port), timeout=3) as sock:
         closed, data = read_until_closed(sock, timeout=4)
@@ -466,6 +473,18 @@ def test_member_cannot_send_code_either(local: LocalNode, pki: Pki, tmp_path: Pa
     assert local.refusals == ["bad_frame"]
     assert local.received == [] and not marker.exists()
     assert_control_delivers(local, pki)
+
+
+def test_reconnecting_member_replaces_its_old_connection(local: LocalNode, pki: Pki) -> None:
+    first = member_session(local, pki.client("n2"))
+    with first:
+        wait_for(lambda: local.transport.connected_nodes, 3, "the member to be connected")
+        with member_session(local, pki.client("n2")) as second:
+            assert read_until_closed(first)[0], "the old connection was kept"
+            second.sendall(frame(pickle.dumps(PROBE)))
+            wait_for(lambda: PROBE in local.received, 3, "the message on the new connection")
+            assert {n.address for n in local.transport.connected_nodes} == {N2}
+    assert local.refusals == []
 
 
 # --- outgoing connections check the server too ----------------------------------------------
