@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.table import print_table  # noqa: E402
+from bench.table import machine_info, print_table  # noqa: E402
 
 SECTIONS = ("issue", "admin", "enroll")
 TRUST_DOMAIN = "mesh.test"
@@ -690,20 +690,6 @@ def _cores(v: float | None) -> str:
 
 def _cpu(v: float | None) -> str:
     return "unknown" if v is None else f"{max(0.0, v):.1f} s"
-
-
-def machine_info() -> dict[str, Any]:
-    model = ""
-    try:
-        for text in Path("/proc/cpuinfo").read_text().splitlines():
-            if text.startswith("model name"):
-                model = text.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"python": platform.python_version(), "implementation":
-            platform.python_implementation(), "machine": platform.machine(),
-            "system": platform.platform(), "cpu_count": os.cpu_count(), "cpu_model": model}
 
 
 def main(argv: list[str] | None = None) -> int:

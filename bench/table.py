@@ -1,8 +1,13 @@
-"""The one table every benchmark prints: a Markdown table, so it pastes into notes as is."""
+"""What every benchmark shares: the one table it prints (Markdown, so it pastes into notes as
+is) and the machine description it records next to its results."""
 
 from __future__ import annotations
 
+import os
+import platform
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 
 def format_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -17,3 +22,18 @@ def format_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def print_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     print(format_table(head, rows))
+
+
+def machine_info() -> dict[str, Any]:
+    """Python, OS and CPU of this run, for the JSON results."""
+    model = ""
+    try:
+        for text in Path("/proc/cpuinfo").read_text().splitlines():
+            if text.startswith("model name"):
+                model = text.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"python": platform.python_version(), "implementation":
+            platform.python_implementation(), "machine": platform.machine(),
+            "system": platform.platform(), "cpu_count": os.cpu_count(), "cpu_model": model}

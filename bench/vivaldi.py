@@ -42,7 +42,6 @@ import json
 import math
 import multiprocessing
 import os
-import platform
 import random
 import statistics
 import sys
@@ -55,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.table import print_table  # noqa: E402
+from bench.table import machine_info, print_table  # noqa: E402
 from tests.sim import internet  # noqa: E402
 from tests.sim.vivaldi import (  # noqa: E402
     SERF_REFERENCE,
@@ -460,20 +459,6 @@ def build_notes(res: dict[str, Any], quick: bool) -> list[str]:
 
 
 HEAD = ("metric", "ours", "reference", "ratio", "bar", "")
-
-
-def machine_info() -> dict[str, Any]:
-    model = ""
-    try:
-        for text in Path("/proc/cpuinfo").read_text().splitlines():
-            if text.startswith("model name"):
-                model = text.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"python": platform.python_version(), "implementation":
-            platform.python_implementation(), "machine": platform.machine(),
-            "system": platform.platform(), "cpu_count": os.cpu_count(), "cpu_model": model}
 
 
 def main(argv: list[str] | None = None) -> int:

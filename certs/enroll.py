@@ -27,9 +27,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from certs.ca import CaError, CertificateAuthority, CsrRejected
-from certs.identity import Identity
-from certs.spiffe import SpiffeError, SpiffeId
-from certs.tokens import TokenError, TokenLedger, check
+from certs.identity import Identity, spiffe_id_of
+from certs.spiffe import SpiffeId
+from certs.tokens import TokenError, TokenLedger, check, der_fingerprint
 from certs.verify import Peer, PeerRejected, PeerVerifier
 
 MAGIC = b"\xffMJ1"
@@ -130,11 +130,6 @@ class Authority:
                               + (", ".join(holders) or "none known"))
         return self.ca
 
-    def _granted(self, ca: CertificateAuthority, leaf: x509.Certificate) -> dict[str, object]:
-        self.issued += 1
-        return {"ok": True, "chain": [_der(c) for c in ca.chain_for(leaf)],
-                "bundle": [_der(c) for c in ca.bundle], "keys": self.gossip_keys()}
-
     def _enroll(self, msg: dict[str, object], now: float) -> dict[str, object]:
         ca = self._need_ca()
         token = msg.get("token")
@@ -145,10 +140,7 @@ class Authority:
         except TokenError as exc:
             raise EnrollError(exc.reason, str(exc)) from None
         csr = self._csr(msg)
-        try:
-            sid = ca.check_csr(csr)
-        except CsrRejected as exc:
-            raise EnrollError(exc.reason, str(exc)) from None
+        sid = self._checked(ca, csr)
         if sid.kind != "node":
             raise EnrollError("bad_identity", f"enrollment is for nodes, not {sid}")
         if self.name_in_use(sid.name):
@@ -160,7 +152,7 @@ class Authority:
             self.ledger.consume(claims)
         except TokenError as exc:
             raise EnrollError(exc.reason, str(exc)) from None
-        return self._issue(ca, csr, ("node",), now)
+        return self._issue(ca, csr, sid, ("node",), now)
 
     def _renew(self, msg: dict[str, object], peer: Peer | None, now: float
                ) -> dict[str, object]:
@@ -168,27 +160,35 @@ class Authority:
         if peer is None:
             raise EnrollError("not_authenticated", "renewal needs the current certificate")
         csr = self._csr(msg)
+        sid = self._checked(ca, csr, expect=peer.spiffe_id)
+        return self._issue(ca, csr, sid, tuple(sorted(peer.roles)), now)
+
+    @staticmethod
+    def _checked(ca: CertificateAuthority, csr: x509.CertificateSigningRequest,
+                 expect: SpiffeId | None = None) -> SpiffeId:
         try:
-            ca.check_csr(csr, expect=peer.spiffe_id)
+            return ca.check_csr(csr, expect)
         except CsrRejected as exc:
             raise EnrollError(exc.reason, str(exc)) from None
-        return self._issue(ca, csr, tuple(sorted(peer.roles)), now)
 
     def _issue(self, ca: CertificateAuthority, csr: x509.CertificateSigningRequest,
-               roles: tuple[str, ...], now: float) -> dict[str, object]:
+               sid: SpiffeId, roles: tuple[str, ...], now: float) -> dict[str, object]:
+        """Sign a CSR :meth:`_checked` already accepted (not checking its signature again)."""
         try:
-            leaf = ca.issue(csr, roles, lifetime=dt.timedelta(seconds=self.lifetime_s), now=now)
+            leaf = ca.sign(csr.public_key(), sid, roles,  # type: ignore[arg-type]
+                           lifetime=dt.timedelta(seconds=self.lifetime_s), now=now)
         except (CaError, ValueError) as exc:
             raise EnrollError("ca_unusable" if "expired" in str(exc) else "bad_identity",
                               str(exc)) from None
-        return self._granted(ca, leaf)
+        self.issued += 1
+        return {"ok": True, "chain": [_der(c) for c in ca.chain_for(leaf)],
+                "bundle": [_der(c) for c in ca.bundle], "keys": self.gossip_keys()}
 
 
 def check_hello(reply: dict[str, object], server_leaf_der: bytes | None, ca_fingerprint: str
                 ) -> tuple[list[x509.Certificate], str]:
     """What a joining node checks before it sends its token: the server's TLS certificate is a
     mesh node certificate chaining to the root its token pins.  Returns (bundle, trust domain)."""
-    from certs.tokens import der_fingerprint
     try:
         chain = [x509.load_der_x509_certificate(d) for d in reply["chain"]]  # type: ignore[attr-defined]
         bundle_der = list(reply["bundle"])  # type: ignore[call-overload]
@@ -203,10 +203,8 @@ def check_hello(reply: dict[str, object], server_leaf_der: bytes | None, ca_fing
     if not chain or server_leaf_der is None or _der(chain[0]) != server_leaf_der:
         raise EnrollError("wrong_mesh", "the seed's TLS certificate is not the one it claims")
     try:
-        sid = SpiffeId.parse(
-            chain[0].extensions.get_extension_for_class(x509.SubjectAlternativeName)
-            .value.get_values_for_type(x509.UniformResourceIdentifier)[0])
-    except (x509.ExtensionNotFound, IndexError, SpiffeError):
+        sid = spiffe_id_of(chain[0])
+    except ValueError:
         raise EnrollError("wrong_mesh", "the seed's certificate has no SPIFFE ID") from None
     verifier = PeerVerifier(pinned, sid.trust_domain)
     try:

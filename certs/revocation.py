@@ -48,10 +48,6 @@ def sign_list(ca: CertificateAuthority, entries: dict[str, float], now: float) -
     return bytes(msgpack.packb([body, sig, signers]))
 
 
-def _bad_entry() -> bool:
-    raise TypeError("revocation entry names no identity")
-
-
 def _is_ca(cert: x509.Certificate) -> bool:
     """Only a CA may sign revocations: a node's own key must not void other identities."""
     try:
@@ -131,8 +127,9 @@ class Revocations:
             body, sig, signers = msgpack.unpackb(blob, raw=False)
             chain = [x509.load_der_x509_certificate(d) for d in signers]
             doc = msgpack.unpackb(body, raw=False)
-            entries = {str(SpiffeId.parse(k)): float(v) for k, v in doc["e"]
-                       if isinstance(k, str) or _bad_entry()}
+            if not all(isinstance(k, str) for k, _ in doc["e"]):
+                raise TypeError("revocation entry names no identity")
+            entries = {str(SpiffeId.parse(k)): float(v) for k, v in doc["e"]}
             td = doc["td"]
         except (ValueError, TypeError, KeyError, AttributeError, SpiffeError,
                 msgpack.UnpackException) as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -70,32 +71,13 @@ class PeerVerifier:
     def verify_der(self, leaf_der: bytes | None, intermediates: list[bytes] | None = None,
                    now: dt.datetime | None = None) -> Peer:
         """The verified peer, or :class:`PeerRejected` (counted in ``rejected``)."""
-        try:
-            return self._verify(leaf_der, intermediates or [], now)
-        except PeerRejected as exc:
-            self.rejected[exc.reason] += 1
-            raise
+        return self._counted(leaf_der, x509.load_der_x509_certificate, "DER",
+                             intermediates or [], now)
 
     def verify_pem(self, pem: bytes | None, now: dt.datetime | None = None) -> Peer:
         """For gRPC's ``x509_pem_cert`` auth property (leaf only; intermediates are in it too
         only when the peer sent them, which the handshake already checked)."""
-        if not pem:
-            return self.verify_der(None, now=now)
-        cached = self._cache.get(pem)
-        try:
-            if cached is not None and self._still_good(cached, now):
-                return cached
-        except PeerRejected as exc:
-            self.rejected[exc.reason] += 1
-            raise
-        try:
-            cert = x509.load_pem_x509_certificate(pem)
-        except ValueError:
-            self.rejected["malformed"] += 1
-            raise PeerRejected("malformed", "peer certificate is not valid PEM") from None
-        peer = self.verify_cert(cert, [], now)
-        self._remember(pem, peer)
-        return peer
+        return self._counted(pem, x509.load_pem_x509_certificate, "PEM", [], now)
 
     def verify_cert(self, cert: x509.Certificate, intermediates: list[x509.Certificate],
                     now: dt.datetime | None = None) -> Peer:
@@ -121,20 +103,25 @@ class PeerVerifier:
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
 
-    def _verify(self, leaf_der: bytes | None, intermediates: list[bytes],
-                now: dt.datetime | None) -> Peer:
-        if not leaf_der:
-            raise PeerRejected("no_certificate", "no client certificate was presented")
-        cached = self._cache.get(leaf_der)
-        if cached is not None and self._still_good(cached, now):
-            return cached
+    def _counted(self, data: bytes | None, load: Callable[[bytes], x509.Certificate],
+                 form: str, intermediates: list[bytes], now: dt.datetime | None) -> Peer:
+        """A leaf in ``form`` (cached by its bytes), with every refusal counted once."""
         try:
-            cert = x509.load_der_x509_certificate(leaf_der)
-            inter = [x509.load_der_x509_certificate(d) for d in intermediates]
-        except ValueError:
-            raise PeerRejected("malformed", "peer certificate is not valid DER") from None
-        peer = self._check(cert, inter, now)
-        self._remember(leaf_der, peer)
+            if not data:
+                raise PeerRejected("no_certificate", "no client certificate was presented")
+            cached = self._cache.get(data)
+            if cached is not None and self._still_good(cached, now):
+                return cached
+            try:
+                cert = load(data)
+                inter = [x509.load_der_x509_certificate(d) for d in intermediates]
+            except ValueError:
+                raise PeerRejected("malformed", f"peer certificate is not valid {form}") from None
+            peer = self._check(cert, inter, now)
+        except PeerRejected as exc:
+            self.rejected[exc.reason] += 1
+            raise
+        self._remember(data, peer)
         return peer
 
     def _check(self, cert: x509.Certificate, intermediates: list[x509.Certificate],

@@ -121,22 +121,24 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                                         server=str(self.security.identity.spiffe_id))
 
     def _live_keyrings(self) -> dict[str, dict[str, object]]:
+        """What each live member last gossiped about its keyring (ours: as it is now)."""
         live = {m.name for m in self.swim.members() if m.live}
-        return {name: self.security.peer_keys.get(name, {}) for name in live}
+        rings = {name: self.security.peer_keys.get(name, {}) for name in live}
+        rings[self.swim.name] = self.security.keys_section()
+        return rings
 
     async def KeysList(self, request: admin_pb2.KeysListRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext) -> admin_pb2.KeysListResponse:
         installed: Counter[str] = Counter()
         primary: Counter[str] = Counter()
         rings = self._live_keyrings()
-        rings[self.swim.name] = self.security.keys_section()
         for ring in rings.values():
             fps = ring.get("fps") or []
             installed.update(str(f) for f in fps)  # type: ignore[attr-defined]
             if ring.get("p"):
                 primary[str(ring["p"])] += 1
         out = admin_pb2.KeysListResponse(members=len(rings),
-                                         local_primary=str(self.security.keys_section()["p"]))
+                                         local_primary=str(rings[self.swim.name]["p"]))
         for fp, n in installed.most_common():
             out.keys.append(admin_pb2.KeyInfo(fingerprint=fp, installed=n, primary=primary[fp]))
         return out
@@ -174,7 +176,6 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         deadline = time.monotonic() + timeout
         while True:
             rings = self._live_keyrings()
-            rings[self.swim.name] = self.security.keys_section()
             missing = sorted(n for n, r in rings.items() if not acked(r))
             if not missing or time.monotonic() >= deadline:
                 break

@@ -30,7 +30,7 @@ from meshd.authz import Authorizer
 from meshd.coordinates import CoordinatePlane
 from meshd.metrics import AgentMetrics
 from meshd.rbac import KeyLoadError, PolicyError
-from meshd.security import Security, SecurityError
+from meshd.security import EnrollmentRefused, Security, SecurityError
 from meshd.settings import Settings, parse_hostport
 from topology.zones import Place
 
@@ -149,7 +149,7 @@ class Agent:
             try:
                 await sec.enroll(seeds)
             except SecurityError as exc:
-                retry = self.settings.retry_join and "refused" not in str(exc) and (
+                retry = self.settings.retry_join and not isinstance(exc, EnrollmentRefused) and (
                     not self.settings.retry_max or attempt < self.settings.retry_max)
                 if not retry:
                     log.error("cannot start", extra={"event": "start_failed",

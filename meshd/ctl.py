@@ -90,12 +90,16 @@ def format_rtt_answer(resp: admin_pb2.RttResponse) -> str:
     return line
 
 
+def _json(resp: object) -> str:
+    return json.dumps(MessageToDict(resp, preserving_proto_field_name=True,  # type: ignore[arg-type]
+                                    always_print_fields_with_no_presence=True), indent=2)
+
+
 def members(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
     resp = stub.Members(admin_pb2.MembersRequest(status=args.status or [], role=args.role or []),
                         timeout=args.timeout)
     if args.format == "json":
-        print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
-                                       always_print_fields_with_no_presence=True), indent=2))
+        print(_json(resp))
     else:
         print(format_members_table(resp, detailed=args.detailed))
     return 0
@@ -104,16 +108,10 @@ def members(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
 def rtt(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
     resp = stub.Rtt(admin_pb2.RttRequest(a=args.a, b=args.b or ""), timeout=args.timeout)
     if args.format == "json":
-        print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
-                                       always_print_fields_with_no_presence=True), indent=2))
+        print(_json(resp))
     else:
         print(format_rtt_answer(resp))
     return 1 if resp.estimate.source == "none" else 0
-
-
-def _json(resp: object) -> str:
-    return json.dumps(MessageToDict(resp, preserving_proto_field_name=True,  # type: ignore[arg-type]
-                                    always_print_fields_with_no_presence=True), indent=2)
 
 
 def whoami(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ import ssl
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +63,13 @@ class SecurityError(RuntimeError):
     """The agent cannot get an identity; the message says what to do."""
 
 
+class EnrollmentRefused(SecurityError):
+    """A CA holder refused our enrollment (bad token, name in use, ...): retrying won't help."""
+
+
 def key_fingerprint(key: bytes) -> str:
     """What nodes gossip about their keys: never the key, a short hash of it."""
     return hashlib.sha256(b"meshd gossip key" + key).hexdigest()[:16]
-
-
-def _utcnow() -> float:
-    return time.time()
 
 
 def _pack(obj: object) -> bytes:
@@ -127,7 +127,7 @@ class Security:
 
     def prepare(self, now: float | None = None) -> None:
         """Load or make what can be had locally; enrollment (if needed) comes after."""
-        now = _utcnow() if now is None else now
+        now = time.time() if now is None else now
         self.dir.mkdir(parents=True, exist_ok=True)
         have_identity = Identity.exists(self.id_dir)
         if self.ca_dir is not None and (self.ca_dir / "ca.json").exists():
@@ -424,7 +424,7 @@ class Security:
         """Void every certificate of ``sid`` issued until now (CA holders only)."""
         if self.ca is None or self.revocations is None:
             raise SecurityError("this node holds no CA key; revoke on a CA holder")
-        cutoff = _utcnow() if now is None else now
+        cutoff = time.time() if now is None else now
         self.revocations.revoke(sid, cutoff)
         log.warning("identity revoked", extra={"event": "revoked", "spiffe_id": str(sid)})
         self.changed()
@@ -433,7 +433,7 @@ class Security:
     def create_token(self, uses: int, ttl: float) -> tuple[str, tokens.TokenClaims]:
         if self.ca is None:
             raise SecurityError("this node holds no CA key; create tokens on a CA holder")
-        token, claims = tokens.create(self.ca, uses=uses, ttl=ttl, now=_utcnow())
+        token, claims = tokens.create(self.ca, uses=uses, ttl=ttl, now=time.time())
         log.info("join token created", extra={"event": "token_created", "token_id": claims.id,
                                               "uses": uses, "ttl": ttl})
         return token, claims
@@ -455,15 +455,14 @@ class Security:
             if target in tried:
                 continue
             tried.add(target)
-            host, _, port = target.rpartition(":")
             try:
                 async with asyncio.timeout(timeout):
-                    reply, more = await self._enroll_at(host.strip("[]"), int(port), claims, key)
+                    reply, more = await self._enroll_at(target, claims, key)
             except EnrollError as exc:
                 if exc.reason in ("wrong_mesh", "malformed"):
                     last = f"{target}: {exc}"
                     continue
-                raise SecurityError(f"enrollment refused by {target}: {exc} "
+                raise EnrollmentRefused(f"enrollment refused by {target}: {exc} "
                                     f"({exc.reason})") from None
             except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
                 last = f"{target}: {exc or type(exc).__name__}"
@@ -479,12 +478,10 @@ class Security:
             return
         raise SecurityError(f"enrollment failed: {last}")
 
-    async def _enroll_at(self, host: str, port: int, claims: tokens.TokenClaims,
+    async def _enroll_at(self, target: str, claims: tokens.TokenClaims,
                          key: Any) -> tuple[dict[str, object] | None, list[str]]:
-        reader, writer = await asyncio.open_connection(host, port)
-        try:
-            await writer.start_tls(tls.unverified_client_context())
-            writer.write(MAGIC)
+        async with _enrollment_stream(target, tls.unverified_client_context()) as (reader,
+                                                                                 writer):
             hello = await _exchange(reader, writer, {"op": enroll.HELLO})
             bundle, td = enroll.check_hello(hello, peer_cert(writer), claims.ca_fingerprint)
             holders = [str(h) for h in hello.get("ca_holders", []) or []]  # type: ignore[attr-defined]
@@ -497,8 +494,6 @@ class Security:
             if not reply.get("ok"):
                 raise EnrollError(str(reply.get("reason")), str(reply.get("error")))
             return reply, []
-        finally:
-            writer.close()
 
     def _install_enrollment(self, key: Any, reply: dict[str, object]) -> None:
         chain = tuple(x509.load_der_x509_certificate(d) for d in reply["chain"])  # type: ignore[attr-defined]
@@ -517,25 +512,18 @@ class Security:
 
     async def renew(self) -> bool:
         """A new certificate (and key) before the current one expires."""
-        now = _utcnow()
+        now = time.time()
         if self.ca is not None:
             self._adopt(self._mint_own(now))
             self.renewals["ok"] += 1
             return True
         key = new_key()
+        csr = make_csr(key, self.identity.spiffe_id).public_bytes(Encoding.DER)
         for target in self.ca_holders():
-            host, _, port = target.rpartition(":")
             try:
-                async with asyncio.timeout(10.0):
-                    reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
-                    try:
-                        await writer.start_tls(tls.client_context(self.id_dir))
-                        writer.write(MAGIC)
-                        csr = make_csr(key, self.identity.spiffe_id)
-                        reply = await _exchange(reader, writer, {
-                            "op": enroll.RENEW, "csr": csr.public_bytes(Encoding.DER)})
-                    finally:
-                        writer.close()
+                async with asyncio.timeout(10.0), _enrollment_stream(
+                        target, tls.client_context(self.id_dir)) as (reader, writer):
+                    reply = await _exchange(reader, writer, {"op": enroll.RENEW, "csr": csr})
             except (OSError, TimeoutError, asyncio.IncompleteReadError, EnrollError,
                     ssl.SSLError) as exc:
                 log.warning("renewal attempt failed", extra={
@@ -557,13 +545,27 @@ class Security:
 
     async def renew_loop(self) -> None:
         while True:
-            wait = self.identity.renew_at() - _utcnow()
+            wait = self.identity.renew_at() - time.time()
             if wait > 0:
                 await asyncio.sleep(min(wait, 3600.0))
                 continue
             if not await self.renew():
                 await asyncio.sleep(min(RENEW_RETRY, max(1.0, self.cert_lifetime / 20)))
 
+
+
+@contextlib.asynccontextmanager
+async def _enrollment_stream(target: str, ctx: ssl.SSLContext
+                             ) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A TLS stream to a member's gossip port (``host:port``), opened as an enrollment one."""
+    host, _, port = target.rpartition(":")
+    reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    try:
+        await writer.start_tls(ctx)
+        writer.write(MAGIC)
+        yield reader, writer
+    finally:
+        writer.close()
 
 
 async def _read_msg(reader: asyncio.StreamReader) -> bytes:
