@@ -228,13 +228,17 @@ def test_encryption_wrong_key_cannot_join(clusters) -> None:
 
 def _tcp_send(host: str, port: int, data: bytes, tls_dir: Path | None = None) -> None:
     """Send ``data`` on a fresh connection (inside mTLS with the identity in ``tls_dir``),
-    close our side, wait for the agent to hang up."""
+    close our side, wait for the agent to hang up.
+
+    Closing our side is what ends the agent's read at once; without it the agent waits out its
+    stream timeout, which races our own socket timeout."""
     with socket.create_connection((host, port), timeout=10) as raw:
-        s = tls.client_context(tls_dir).wrap_socket(raw) if tls_dir else raw
-        with contextlib.suppress(ConnectionResetError, BrokenPipeError, ssl.SSLError):
+        s: socket.socket = tls.client_context(tls_dir).wrap_socket(raw) if tls_dir else raw
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError, ssl.SSLError, OSError):
             s.sendall(data)
-            if tls_dir is None:
-                s.shutdown(socket.SHUT_WR)
+            if isinstance(s, ssl.SSLSocket):
+                s = s.unwrap()  # TLS close_notify: the agent sees end of stream
+            s.shutdown(socket.SHUT_WR)
             while s.recv(65536):
                 pass
 
