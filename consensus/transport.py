@@ -111,6 +111,9 @@ class RaftTls:
     on_refused: Callable[[str], None] | None = None
     node_names: Mapping[str, str] | None = None
     max_frame: int = DEFAULT_MAX_FRAME
+    before_send: Callable[[], None] | None = None
+    """Runs before every message goes out: Raft's "persist before you answer" hook (see
+    :mod:`consensus.durability`), so nothing we say can depend on state a power cut loses."""
 
 
 def mesh_authorizer(verifier: PeerVerifier, role: str | None = "node"
@@ -386,6 +389,8 @@ class TlsTransport(Transport):  # type: ignore[misc]
         self.tls = settings
         self.delivered_messages = 0
         self.delivered_bytes = 0
+        self.last_heard: dict[str, float] = {}
+        """Raft address -> ``time.monotonic()`` of the last message from it (quorum checks)."""
         self.dropped_messages = 0
         self.refused: Counter[str] = Counter()
         self._syncobj = syncObj
@@ -456,6 +461,8 @@ class TlsTransport(Transport):  # type: ignore[misc]
                 log.debug("raft: %r is %d bytes behind; append_entries dropped", conn,
                           conn.backlog)
                 return False
+        if self.tls.before_send is not None:
+            self.tls.before_send()
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if len(payload) > self.tls.max_frame:
             log.error("raft: a %d-byte message to %s exceeds max_frame %d; not sent",
@@ -721,6 +728,8 @@ class TlsTransport(Transport):  # type: ignore[misc]
             return
         self.delivered_messages += 1
         self.delivered_bytes += len(payload)
+        if conn.node is not None:
+            self.last_heard[conn.node.address] = time.monotonic()
         try:
             self._onMessageReceived(conn.node, message)
         except Exception:  # noqa: BLE001 - a message SyncObj chokes on costs the connection

@@ -19,7 +19,9 @@ from gossip.keyring import KEY_BYTES, KeyringError
 from gossip.protocol import Swim
 from gossip.state import ROLES, Status
 from meshd.authz import CALLER, Authorizer, AuthzInterceptor
+from meshd.control import ControlPlane
 from meshd.coordinates import CoordinatePlane
+from meshd.policy_api import NODE_ONLY, ConsensusService, PolicyAdmin
 from meshd.rbac import AuditLog, JwtVerifier, Policy
 from meshd.security import Security, SecurityError, key_fingerprint
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
@@ -39,21 +41,24 @@ def estimate_pb(est: Estimate) -> admin_pb2.RttEstimate:
                                  relation=est.relation.value, consistent=est.consistent)
 
 
-READ_ONLY = ("Members", "Rtt", "Whoami", "KeysList")
-OPERATIONAL: tuple[str, ...] = ()
+READ_ONLY = ("Members", "Rtt", "Whoami", "KeysList", "PolicyGet", "PolicyList", "RaftStatus",
+             "SubscribeEvents")
+OPERATIONAL: tuple[str, ...] = ("Cordon", "Uncordon", "Drain", "Quarantine", "PolicyApply",
+                                "PolicyDelete")
 ADMIN_ONLY = ("KeysChange", "TokenCreate", "Revoke")
-METHODS = READ_ONLY + OPERATIONAL + ADMIN_ONLY
+METHODS = READ_ONLY + OPERATIONAL + ADMIN_ONLY + NODE_ONLY
 """Every admin method by what it may change; the default policy is built from these lists."""
 KEY_ACK_POLL = 0.1
 
 
 def default_policy() -> Policy:
-    return Policy.default(READ_ONLY, OPERATIONAL)
+    return Policy.default(READ_ONLY, OPERATIONAL, NODE_ONLY)
 
 
-class AdminService(admin_pb2_grpc.AdminServicer):
+class AdminService(PolicyAdmin, admin_pb2_grpc.AdminServicer):
     def __init__(self, swim: Swim, clock: object, coordinates: CoordinatePlane,
-                 security: Security) -> None:
+                 security: Security, control: ControlPlane) -> None:
+        self.control = control
         self.swim = swim
         self.clock = clock  # callable returning the core's "now"
         self.coordinates = coordinates
@@ -85,7 +90,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 status=m.status.label, incarnation=m.incarnation, roles=list(m.meta.roles),
                 zone=m.meta.zone, region=m.meta.region, tags=m.meta.tags_dict,
                 ports=m.meta.ports_dict, status_age_seconds=max(0.0, now - m.status_since),
-                is_local=m.name == self.swim.name)
+                is_local=m.name == self.swim.name, flags=self.control.flags_of(m.name))
             coord = self.coordinates.coordinate_of(m.name)
             if coord is not None:
                 pb.coordinate.CopyFrom(coordinate_pb(coord))
@@ -241,13 +246,14 @@ def build_authorizer(security: Security, *, policy_file: str = "", jwt_jwks: str
 
 async def serve(swim: Swim, clock: object, host: str, port: int, *,
                 coordinates: CoordinatePlane, security: Security,
-                authorizer: Authorizer) -> grpc.aio.Server:
+                authorizer: Authorizer, control: ControlPlane) -> grpc.aio.Server:
     # gRPC enables SO_REUSEPORT by default: a second agent could then bind the same admin port
     # and the kernel would split meshctl's connections between the two.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
                              interceptors=[AuthzInterceptor(authorizer)])
     admin_pb2_grpc.add_AdminServicer_to_server(
-        AdminService(swim, clock, coordinates, security), server)
+        AdminService(swim, clock, coordinates, security, control), server)
+    admin_pb2_grpc.add_ConsensusServicer_to_server(ConsensusService(control), server)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_secure_port(

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from certs.ca import CaError
+from consensus.group import WAN_TIMING, Timing
 from gossip.config import Config
 from gossip.events import EventKind, MemberEvent
 from gossip.keyring import Keyring
@@ -27,11 +28,12 @@ from gossip.state import Addr, NodeMeta
 from gossip.transport import GossipTransport, family_of
 from meshd import admin, nodestate
 from meshd.authz import Authorizer
+from meshd.control import RAFT_SECTION, ControlPlane
 from meshd.coordinates import CoordinatePlane
 from meshd.metrics import AgentMetrics
 from meshd.rbac import KeyLoadError, PolicyError
 from meshd.security import EnrollmentRefused, Security, SecurityError
-from meshd.settings import Settings, parse_hostport
+from meshd.settings import DEFAULT_RAFT_PORT, Settings, parse_hostport
 from topology.zones import Place
 
 log = logging.getLogger("meshd.agent")
@@ -132,6 +134,11 @@ class Agent:
                                  trust_domain=settings.trust_domain, encrypt=settings.encrypt,
                                  cert_lifetime=settings.cert_lifetime)
         self._publish_now = asyncio.Event()
+        self.control = ControlPlane(
+            settings.node, Path(settings.data_path()), self.security,
+            coordinator="coordinator" in settings.roles, expect=settings.bootstrap_expect,
+            timing=WAN_TIMING if (settings.raft_timing or (
+                "wan" if settings.profile == "wan" else "lan")) == "wan" else Timing())
 
     async def _secure(self, seeds: list[Addr]) -> bool:
         """Identity first: load or make it, or enroll through the seeds (retrying with
@@ -206,6 +213,15 @@ class Agent:
             ports["metrics"] = metrics_addr[1]
         if sec.ca is not None:
             ports["ca"] = adv_port  # enrollment and renewal, on the gossip TCP port
+        raft: Addr | None = None
+        if self.control.coordinator:
+            if s.raft:
+                raft_host, raft_port = parse_hostport(s.raft, DEFAULT_RAFT_PORT, "raft")
+                raft = (adv_host if raft_host in ("0.0.0.0", "::") else raft_host, raft_port)
+                raft_bind = raft_host
+            else:
+                raft, raft_bind = (adv_host, DEFAULT_RAFT_PORT), s.gossip_binds()[0][0]
+            ports["raft"] = raft[1]
         meta = NodeMeta.build(s.roles, s.zone, s.region, ports, s.tags)
         incarnation = int(saved.get("incarnation", -1)) + 1  # type: ignore[call-overload]
         swim = Swim(config, s.node, (adv_host, adv_port), meta, now=loop.time(),
@@ -214,6 +230,8 @@ class Agent:
         sec.members = lambda: [(m.name, m.addr, m.meta.ports_dict) for m in swim.members()
                                if m.live]
         sec.changed = self._publish_now.set
+        self.control.attach(swim, raft, raft_bind if raft is not None else "")
+        self.control.changed = self._publish_now.set
         sec.build_authority(name_in_use=lambda n: n != swim.name and (
             (m := swim.member(n)) is not None and m.live))
         self.metrics = AgentMetrics(swim, self.coordinates, sec)
@@ -232,7 +250,7 @@ class Agent:
         try:
             self._admin = await admin.serve(swim, loop.time, admin_host, admin_port,
                                             coordinates=self.coordinates, security=sec,
-                                            authorizer=authorizer)
+                                            authorizer=authorizer, control=self.control)
             if metrics_addr:
                 self.metrics.serve(*metrics_addr)
         except OSError as exc:
@@ -251,6 +269,7 @@ class Agent:
         stopper = asyncio.create_task(self.stopping.wait())
         publisher = asyncio.create_task(self._publish_loop())
         renewer = asyncio.create_task(sec.renew_loop())
+        controller = asyncio.create_task(self.control.run())
         await asyncio.wait({joiner, stopper}, return_when=asyncio.FIRST_COMPLETED)
         code = 0
         if joiner.done() and joiner.exception() is not None:
@@ -263,6 +282,7 @@ class Agent:
         stopper.cancel()
         publisher.cancel()
         renewer.cancel()
+        controller.cancel()
         await self._shutdown(leave=code == 0)
         return code
 
@@ -321,6 +341,8 @@ class Agent:
                     "status": m.status.label, "detail": ev.detail})
             persist |= ev.kind in (EventKind.JOIN, EventKind.FAILED, EventKind.LEFT,
                                    EventKind.REFUTE)
+            if ev.kind != EventKind.STATE:
+                self.control.member_event(ev.kind.value, m.name)
             if ev.kind == EventKind.STATE:
                 self._learn_state(m.name)
             elif ev.kind in (EventKind.LEFT, EventKind.REAP):
@@ -346,6 +368,7 @@ class Agent:
         if coord is not None:
             self.coordinates.learned(name, coord)
         self.security.learn(name, sections)
+        self.control.learn(name, sections)
 
     def _place_of(self, name: str) -> Place | None:
         m = self.swim.member(name) if self.swim is not None else None
@@ -361,6 +384,9 @@ class Agent:
                 self._state.set(nodestate.COORDINATE, coord)
             for name, data in self.security.sections(time.time()).items():
                 self._state.set(name, data)
+            raft = self.control.section()
+            if raft is not None:
+                self._state.set(RAFT_SECTION, raft)
             blob = self._state.take()
             if blob is not None:
                 self.swim.publish_state(blob, now)
@@ -396,6 +422,7 @@ class Agent:
             log.info("leaving", extra={"event": "leaving"})
             await self.transport.leave()
             self._save_state()
+        await self.control.close(leave=leave)
         if self._admin is not None:
             await self._admin.stop(0.5)  # type: ignore[attr-defined]
             if self._authorizer is not None:

@@ -10,7 +10,7 @@ decision is written to the audit log.  Handlers read the caller from :data:`CALL
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -92,41 +92,82 @@ class AuthzInterceptor(grpc.aio.ServerInterceptor):
                                          Awaitable[grpc.RpcMethodHandler]],
             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None:
             return handler
         method = details.method.rsplit("/", 1)[-1]  # type: ignore[attr-defined]
-        inner = handler.unary_unary
         authz = self.authz
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
 
-        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            peer = _peer(context)
-            try:
-                principal = authz.authenticate(context)
-            except _Refused as exc:
-                authz.audit.record(method=method, principal=None, allowed=False,
-                                   code=exc.code.name, peer=peer, detail=str(exc))
-                await context.abort(exc.code, str(exc))
-            if not authz.policy.allows(principal, method):
-                need = ", ".join(authz.policy.roles_for(method)) or "none"
-                msg = (f"{method}: permission denied for {principal.label} (roles: "
-                       f"{', '.join(sorted(principal.roles)) or 'none'}; requires one of: {need})")
-                authz.refuse("admin", "permission_denied", msg)
-                authz.audit.record(method=method, principal=principal, allowed=False,
-                                   code="PERMISSION_DENIED", peer=peer, detail=msg)
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, msg)
-            token = CALLER.set(principal)
-            code = "OK"
-            try:
-                return await inner(request, context)
-            except BaseException:
-                got = context.code()
-                code = got.name if isinstance(got, grpc.StatusCode) else "UNKNOWN"
-                raise
-            finally:
-                CALLER.reset(token)
-                authz.audit.record(method=method, principal=principal, allowed=True, code=code,
-                                   peer=peer)
+            async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                principal, peer = await _admit(authz, method, context)
+                token = CALLER.set(principal)
+                code = "OK"
+                try:
+                    return await inner(request, context)
+                except BaseException:
+                    code = _code_of(context)
+                    raise
+                finally:
+                    CALLER.reset(token)
+                    authz.audit.record(method=method, principal=principal, allowed=True,
+                                       code=code, peer=peer)
 
-        return grpc.unary_unary_rpc_method_handler(
-            guarded, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(
+                guarded, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def guarded_stream(request: Any, context: grpc.aio.ServicerContext
+                                     ) -> AsyncIterator[Any]:
+                principal, peer = await _admit(authz, method, context)
+                token = CALLER.set(principal)
+                code = "OK"
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                except BaseException:
+                    code = _code_of(context)
+                    raise
+                finally:
+                    CALLER.reset(token)
+                    authz.audit.record(method=method, principal=principal, allowed=True,
+                                       code=code, peer=peer)
+
+            return grpc.unary_stream_rpc_method_handler(
+                guarded_stream, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        # Client- and bidi-streaming methods are refused until they get the same guard.
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                f"{method}: streaming requests are not served")
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+def _code_of(context: grpc.aio.ServicerContext) -> str:
+    got = context.code()
+    return got.name if isinstance(got, grpc.StatusCode) else "UNKNOWN"
+
+
+async def _admit(authz: Authorizer, method: str, context: grpc.aio.ServicerContext
+                 ) -> tuple[Principal, str]:
+    """Authenticate and authorize the caller of ``method`` or abort the call."""
+    peer = _peer(context)
+    try:
+        principal = authz.authenticate(context)
+    except _Refused as exc:
+        authz.audit.record(method=method, principal=None, allowed=False,
+                           code=exc.code.name, peer=peer, detail=str(exc))
+        await context.abort(exc.code, str(exc))
+        raise AssertionError("unreachable") from None
+    if not authz.policy.allows(principal, method):
+        need = ", ".join(authz.policy.roles_for(method)) or "none"
+        msg = (f"{method}: permission denied for {principal.label} (roles: "
+               f"{', '.join(sorted(principal.roles)) or 'none'}; requires one of: {need})")
+        authz.refuse("admin", "permission_denied", msg)
+        authz.audit.record(method=method, principal=principal, allowed=False,
+                           code="PERMISSION_DENIED", peer=peer, detail=msg)
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, msg)
+    return principal, peer

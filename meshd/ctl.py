@@ -17,6 +17,7 @@ from certs import tls
 from certs.ca import CaError, CertificateAuthority
 from certs.identity import Identity, IdentityError, load_pem_certs
 from certs.spiffe import SpiffeError, SpiffeId
+from meshd import ctl_policy
 from meshd.rbac import ACCESS_ROLES
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
@@ -50,7 +51,7 @@ def format_members_table(resp: admin_pb2.MembersResponse, detailed: bool = False
     the answering node (``~`` when it comes from zone labels, not coordinates).
     """
     header: tuple[str, ...] = ("NAME", "ADDRESS", "STATUS", "INC", "AGE", "ROLES", "ZONE",
-                               "TAGS")
+                               "FLAGS", "TAGS")
     if detailed:
         header += ("COORD-ERR", "HEIGHT", "RTT")
     rows: list[tuple[str, ...]] = [header]
@@ -58,7 +59,7 @@ def format_members_table(resp: admin_pb2.MembersResponse, detailed: bool = False
         row: tuple[str, ...] = (
             ("*" if m.is_local else "") + m.name, m.address, m.status, str(m.incarnation),
             _age(m.status_age_seconds), ",".join(m.roles) or "-",
-            "/".join(x for x in (m.region, m.zone) if x) or "-",
+            "/".join(x for x in (m.region, m.zone) if x) or "-", ",".join(m.flags) or "-",
             ",".join(f"{k}={v}" for k, v in sorted(m.tags.items())) or "-")
         if detailed:
             has = m.HasField("coordinate")
@@ -287,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds valid (default 30 days)")
     cis.add_argument("--out", required=True, help="directory for key.pem, cert.pem, bundle.pem")
     cis.set_defaults(func=cert_issue, offline=True)
+    ctl_policy.add_commands(sub)
     return p
 
 
@@ -333,13 +335,17 @@ def _run(argv: list[str] | None) -> int:
             return 2 if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND) else 1
 
 
-class _Metadata(grpc.UnaryUnaryClientInterceptor):
+class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     """Adds the bearer token to every call."""
 
     def __init__(self, metadata: list[tuple[str, str]]) -> None:
         self.metadata = metadata
 
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        details = details._replace(metadata=[*(details.metadata or []), *self.metadata])
+        return continuation(details, request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
         details = details._replace(metadata=[*(details.metadata or []), *self.metadata])
         return continuation(details, request)
 

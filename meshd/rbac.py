@@ -177,17 +177,20 @@ class Policy:
                               f"{', '.join(sorted(self.known_methods))}")
 
     @classmethod
-    def default(cls, read_only: Iterable[str], operational: Iterable[str]) -> Policy:
+    def default(cls, read_only: Iterable[str], operational: Iterable[str],
+                node_only: Iterable[str] = ()) -> Policy:
         """The built-in policy: viewers and nodes read, operators also operate, admins do all.
 
-        Nodes get only the read-only methods: that is all a peer needs from another peer, and
-        a stolen node certificate should not be able to change the mesh.
+        Nodes get the read-only methods plus ``node_only`` (the Consensus service: following
+        the log and forwarding writes that their own admin API already authorized).  A stolen
+        node certificate can therefore forward policy writes; revoke it (``meshctl revoke``).
         """
         ro = frozenset(read_only)
         ops = frozenset(operational)
-        return cls({"viewer": ro, "node": ro, "operator": ro | ops,
+        nodes = frozenset(node_only)
+        return cls({"viewer": ro, "node": ro | nodes, "operator": ro | ops,
                     "admin": frozenset({ALL_METHODS})},
-                   known_methods=ro | ops)
+                   known_methods=ro | ops | nodes)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], known_methods: Iterable[str] | None) -> Policy:

@@ -28,7 +28,7 @@ import ssl
 import struct
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from certs.revocation import RevocationError, Revocations, sign_list
 from certs.spiffe import SpiffeId
 from certs.tokens import TokenError, TokenLedger
 from certs.verify import Peer, PeerRejected, PeerVerifier
+from consensus.transport import RaftTls, mesh_authorizer
 from gossip.keyring import Keyring, KeyringError, generate_key
 from gossip.state import Addr
 from gossip.transport import StreamSecurity, peer_cert
@@ -95,6 +96,7 @@ class Security:
         self._identity: Identity | None = None
         self.revocations: Revocations | None = None
         self.verifier: PeerVerifier | None = None
+        self.raft_contexts: list[ssl.SSLContext] = []
         self.ledger = TokenLedger(data_dir / "tokens.json")
         self.keyring: Keyring | None = None
         self.authority: Authority | None = None
@@ -193,6 +195,20 @@ class Security:
         if self.stream_security is not None:
             tls.reload(self.stream_security.server, self.id_dir)
             tls.reload(self.stream_security.client, self.id_dir)
+        for ctx in self.raft_contexts:
+            tls.reload(ctx, self.id_dir)
+
+    def raft_tls(self, node_names: Mapping[str, str]) -> RaftTls:
+        """TLS for a Raft group: node certificates only, each peer pinned to the member name
+        gossip gives for its address (``node_names``, kept current by the caller).  The
+        contexts are reloaded when our certificate is renewed."""
+        assert self.verifier is not None
+        server = tls.server_context(self.id_dir)
+        client = tls.client_context(self.id_dir)
+        self.raft_contexts += [server, client]
+        return RaftTls(server, client, mesh_authorizer(self.verifier),
+                       on_refused=lambda why: self.refuse("raft", why, ""),
+                       node_names=node_names)
 
     def _write_dev_client(self, now: float) -> None:
         """An admin identity for ``meshctl --creds <data>/meshctl`` on this machine."""

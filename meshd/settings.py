@@ -21,6 +21,7 @@ from gossip.state import ROLES, Addr
 DEFAULT_GOSSIP_PORT = 7946
 DEFAULT_ADMIN_PORT = 7960
 DEFAULT_METRICS_PORT = 9464
+DEFAULT_RAFT_PORT = 7950
 
 
 class SettingsError(ValueError):
@@ -83,6 +84,14 @@ class Settings:
     jwt_issuer: str = ""
     audit_log: str = ""
     """JSON-lines audit log of admin calls; default ``<data-dir>/audit.log``, ``off`` for none."""
+    bootstrap_expect: int = 0
+    """Coordinators only: form the Raft groups once this many coordinators see each other
+    (like Consul's ``-bootstrap-expect``); 0 joins an existing group only."""
+    raft: str = ""
+    """Raft address ``ADDR:PORT`` of the first group (coordinators; group *i* uses port +i);
+    default: the advertise address, port 7950."""
+    raft_timing: str = ""
+    """Raft timings: lan (default for lan/local profiles) or wan (default for the wan profile)."""
 
     # --- derived ---------------------------------------------------------------------------
 
@@ -142,6 +151,14 @@ class Settings:
             raise SettingsError("jwt_issuer: required with jwt_jwks/jwt_key")
         if self.jwt_jwks and self.jwt_key:
             raise SettingsError("jwt_jwks, jwt_key: give one of them")
+        if not 0 <= self.bootstrap_expect <= 15:
+            raise SettingsError("bootstrap_expect: must be 0..15 coordinators")
+        if self.bootstrap_expect and "coordinator" not in self.roles:
+            raise SettingsError("bootstrap_expect: only for nodes with --role coordinator")
+        if self.raft:
+            parse_hostport(self.raft, DEFAULT_RAFT_PORT, "raft")
+        if self.raft_timing not in ("", "lan", "wan"):
+            raise SettingsError(f"raft_timing: {self.raft_timing!r} is not one of lan, wan")
         if self.retry_max < 0 or self.retry_interval <= 0:
             raise SettingsError("retry: retry_max must be >= 0 and retry_interval > 0")
 
@@ -195,7 +212,7 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
 
 _LISTS = {"join", "roles"}
 _BOOLS = {"retry_join", "dev"}
-_INTS = {"retry_max"}
+_INTS = {"retry_max", "bootstrap_expect"}
 _FLOATS = {"retry_interval", "cert_lifetime"}
 
 
@@ -257,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--jwt-audience", metavar="AUD", help="required 'aud' of bearer tokens (default meshd)")
     a("--jwt-issuer", metavar="ISS", help="required 'iss' of bearer tokens")
     a("--audit-log", metavar="FILE", help="admin audit log (JSON lines), or 'off'")
+    a("--bootstrap-expect", type=int, metavar="N",
+      help="coordinators: form the Raft groups once N coordinators see each other")
+    a("--raft", metavar="ADDR:PORT", help="Raft address of the first group (default port 7950)")
+    a("--raft-timing", choices=["lan", "wan"], help="Raft timings (default: from --profile)")
     return p
 
 

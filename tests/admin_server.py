@@ -12,6 +12,7 @@ from certs import tls
 from certs.identity import Identity
 from gossip.protocol import Swim
 from meshd import admin
+from meshd.control import ControlPlane
 from meshd.coordinates import CoordinatePlane
 from meshd.security import Security
 
@@ -23,11 +24,17 @@ def dev_security(directory: Path, node: str) -> Security:
 
 
 async def start_admin(swim: Swim, clock: object, plane: CoordinatePlane, sec: Security,
-                      port: int, **authz: Any) -> grpc.aio.Server:
+                      port: int, control: ControlPlane | None = None,
+                      **authz: Any) -> grpc.aio.Server:
+    """The admin server; without ``control`` a control plane with no coordinators (its
+    policy copies stay empty and writes fail with UNAVAILABLE)."""
     authz.setdefault("audit_log", str(sec.dir / "audit.log"))
     authorizer = admin.build_authorizer(sec, **authz)
+    if control is None:
+        control = ControlPlane(swim.name, sec.dir, sec, coordinator=False)
+        control.attach(swim, None, "")
     return await admin.serve(swim, clock, "127.0.0.1", port, coordinates=plane,
-                             security=sec, authorizer=authorizer)
+                             security=sec, authorizer=authorizer, control=control)
 
 
 def admin_channel(sec: Security, port: int, ident: Identity | None = None) -> grpc.aio.Channel:

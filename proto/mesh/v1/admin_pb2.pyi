@@ -6,6 +6,230 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class NodeFlagRequest(_message.Message):
+    __slots__ = ("node", "deadline_seconds", "reason", "clear", "timeout_seconds")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    deadline_seconds: float
+    reason: str
+    clear: bool
+    timeout_seconds: float
+    def __init__(self, node: _Optional[str] = ..., deadline_seconds: _Optional[float] = ..., reason: _Optional[str] = ..., clear: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class PolicyWriteResponse(_message.Message):
+    __slots__ = ("version", "document_json", "group")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    document_json: str
+    group: str
+    def __init__(self, version: _Optional[int] = ..., document_json: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class PolicyApplyRequest(_message.Message):
+    __slots__ = ("text", "if_version", "timeout_seconds")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IF_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    if_version: int
+    timeout_seconds: float
+    def __init__(self, text: _Optional[str] = ..., if_version: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class PolicyApplyResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PolicyWriteResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[PolicyWriteResponse, _Mapping]]] = ...) -> None: ...
+
+class PolicyGetRequest(_message.Message):
+    __slots__ = ("kind", "name", "consistent", "timeout_seconds")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    consistent: bool
+    timeout_seconds: float
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., consistent: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class PolicyGetResponse(_message.Message):
+    __slots__ = ("document_json", "found", "store_version")
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    STORE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    document_json: str
+    found: bool
+    store_version: int
+    def __init__(self, document_json: _Optional[str] = ..., found: _Optional[bool] = ..., store_version: _Optional[int] = ...) -> None: ...
+
+class PolicyListRequest(_message.Message):
+    __slots__ = ("kind",)
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    def __init__(self, kind: _Optional[str] = ...) -> None: ...
+
+class PolicyListResponse(_message.Message):
+    __slots__ = ("documents_json", "versions")
+    class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    DOCUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    documents_json: _containers.RepeatedScalarFieldContainer[str]
+    versions: _containers.ScalarMap[str, int]
+    def __init__(self, documents_json: _Optional[_Iterable[str]] = ..., versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class PolicyDeleteRequest(_message.Message):
+    __slots__ = ("kind", "name", "if_version", "timeout_seconds")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IF_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    if_version: int
+    timeout_seconds: float
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., if_version: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class RaftStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RaftGroupStatus(_message.Message):
+    __slots__ = ("group", "node", "address", "state", "leader", "term", "commit_index", "last_applied", "version", "has_quorum", "members", "reachable", "lag", "error")
+    class LagEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HAS_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    node: str
+    address: str
+    state: str
+    leader: str
+    term: int
+    commit_index: int
+    last_applied: int
+    version: int
+    has_quorum: bool
+    members: _containers.RepeatedScalarFieldContainer[str]
+    reachable: _containers.RepeatedScalarFieldContainer[str]
+    lag: _containers.ScalarMap[str, int]
+    error: str
+    def __init__(self, group: _Optional[str] = ..., node: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., version: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., reachable: _Optional[_Iterable[str]] = ..., lag: _Optional[_Mapping[str, int]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class RaftStatusResponse(_message.Message):
+    __slots__ = ("groups", "local_versions")
+    class LocalVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[RaftGroupStatus]
+    local_versions: _containers.ScalarMap[str, int]
+    def __init__(self, groups: _Optional[_Iterable[_Union[RaftGroupStatus, _Mapping]]] = ..., local_versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class SubscribeEventsRequest(_message.Message):
+    __slots__ = ("from_versions", "groups", "no_membership")
+    class FromVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    FROM_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    NO_MEMBERSHIP_FIELD_NUMBER: _ClassVar[int]
+    from_versions: _containers.ScalarMap[str, int]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    no_membership: bool
+    def __init__(self, from_versions: _Optional[_Mapping[str, int]] = ..., groups: _Optional[_Iterable[str]] = ..., no_membership: _Optional[bool] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("group", "version", "op", "kind", "name", "document_json", "at_unix", "author")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    AUTHOR_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    version: int
+    op: str
+    kind: str
+    name: str
+    document_json: str
+    at_unix: float
+    author: str
+    def __init__(self, group: _Optional[str] = ..., version: _Optional[int] = ..., op: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., document_json: _Optional[str] = ..., at_unix: _Optional[float] = ..., author: _Optional[str] = ...) -> None: ...
+
+class ProposeRequest(_message.Message):
+    __slots__ = ("group", "command_json", "timeout_seconds", "on_behalf_of")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_JSON_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ON_BEHALF_OF_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    command_json: str
+    timeout_seconds: float
+    on_behalf_of: str
+    def __init__(self, group: _Optional[str] = ..., command_json: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., on_behalf_of: _Optional[str] = ...) -> None: ...
+
+class ProposeResponse(_message.Message):
+    __slots__ = ("result_json",)
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    result_json: str
+    def __init__(self, result_json: _Optional[str] = ...) -> None: ...
+
+class FollowRequest(_message.Message):
+    __slots__ = ("group", "from_version")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FROM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    from_version: int
+    def __init__(self, group: _Optional[str] = ..., from_version: _Optional[int] = ...) -> None: ...
+
+class FollowMessage(_message.Message):
+    __slots__ = ("snapshot_json", "change_json")
+    SNAPSHOT_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_JSON_FIELD_NUMBER: _ClassVar[int]
+    snapshot_json: str
+    change_json: str
+    def __init__(self, snapshot_json: _Optional[str] = ..., change_json: _Optional[str] = ...) -> None: ...
+
 class WhoamiRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -113,7 +337,7 @@ class MembersRequest(_message.Message):
     def __init__(self, status: _Optional[_Iterable[str]] = ..., role: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("name", "address", "status", "incarnation", "roles", "zone", "region", "tags", "ports", "status_age_seconds", "is_local", "coordinate", "rtt_from_local")
+    __slots__ = ("name", "address", "status", "incarnation", "roles", "zone", "region", "tags", "ports", "status_age_seconds", "is_local", "coordinate", "rtt_from_local", "flags")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +365,7 @@ class Member(_message.Message):
     IS_LOCAL_FIELD_NUMBER: _ClassVar[int]
     COORDINATE_FIELD_NUMBER: _ClassVar[int]
     RTT_FROM_LOCAL_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     status: str
@@ -154,7 +379,8 @@ class Member(_message.Message):
     is_local: bool
     coordinate: Coordinate
     rtt_from_local: RttEstimate
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., incarnation: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., region: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., ports: _Optional[_Mapping[str, int]] = ..., status_age_seconds: _Optional[float] = ..., is_local: _Optional[bool] = ..., coordinate: _Optional[_Union[Coordinate, _Mapping]] = ..., rtt_from_local: _Optional[_Union[RttEstimate, _Mapping]] = ...) -> None: ...
+    flags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., incarnation: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ..., zone: _Optional[str] = ..., region: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., ports: _Optional[_Mapping[str, int]] = ..., status_age_seconds: _Optional[float] = ..., is_local: _Optional[bool] = ..., coordinate: _Optional[_Union[Coordinate, _Mapping]] = ..., rtt_from_local: _Optional[_Union[RttEstimate, _Mapping]] = ..., flags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Coordinate(_message.Message):
     __slots__ = ("vec", "error", "adjustment", "height")

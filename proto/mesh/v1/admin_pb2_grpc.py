@@ -70,6 +70,56 @@ class AdminStub:
                 request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeRequest.SerializeToString,
                 response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeResponse.FromString,
                 _registered_method=True)
+        self.Cordon = channel.unary_unary(
+                '/mesh.v1.Admin/Cordon',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.FromString,
+                _registered_method=True)
+        self.Uncordon = channel.unary_unary(
+                '/mesh.v1.Admin/Uncordon',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/mesh.v1.Admin/Drain',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.FromString,
+                _registered_method=True)
+        self.Quarantine = channel.unary_unary(
+                '/mesh.v1.Admin/Quarantine',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.FromString,
+                _registered_method=True)
+        self.PolicyApply = channel.unary_unary(
+                '/mesh.v1.Admin/PolicyApply',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyApplyRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyApplyResponse.FromString,
+                _registered_method=True)
+        self.PolicyGet = channel.unary_unary(
+                '/mesh.v1.Admin/PolicyGet',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyGetRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyGetResponse.FromString,
+                _registered_method=True)
+        self.PolicyList = channel.unary_unary(
+                '/mesh.v1.Admin/PolicyList',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyListRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyListResponse.FromString,
+                _registered_method=True)
+        self.PolicyDelete = channel.unary_unary(
+                '/mesh.v1.Admin/PolicyDelete',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyDeleteRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.FromString,
+                _registered_method=True)
+        self.RaftStatus = channel.unary_unary(
+                '/mesh.v1.Admin/RaftStatus',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusResponse.FromString,
+                _registered_method=True)
+        self.SubscribeEvents = channel.unary_stream(
+                '/mesh.v1.Admin/SubscribeEvents',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.SubscribeEventsRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.Event.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -129,6 +179,76 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Cordon(self, request, context):
+        """Cordon: the node takes no new placements or routing targets.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Uncordon(self, request, context):
+        """Uncordon clears cordoned and draining: the node takes work again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Drain: the node finishes what is in flight, takes nothing new, by a deadline.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Quarantine(self, request, context):
+        """Quarantine marks a node unusable with a reason (or clears it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PolicyApply(self, request, context):
+        """PolicyApply creates or replaces policy documents (like kubectl apply).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PolicyGet(self, request, context):
+        """PolicyGet reads one document: from the answering node's copy, or through
+        the Raft log when consistent is set (linearizable).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PolicyList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PolicyDelete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RaftStatus(self, request, context):
+        """RaftStatus reports every Raft group as seen by every reachable coordinator.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubscribeEvents(self, request, context):
+        """SubscribeEvents streams policy and placement changes from a version on
+        (resumable), and membership changes as they happen.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +286,56 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Revoke,
                     request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeRequest.FromString,
                     response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeResponse.SerializeToString,
+            ),
+            'Cordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cordon,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.SerializeToString,
+            ),
+            'Uncordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Uncordon,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.SerializeToString,
+            ),
+            'Quarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.Quarantine,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.SerializeToString,
+            ),
+            'PolicyApply': grpc.unary_unary_rpc_method_handler(
+                    servicer.PolicyApply,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyApplyRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyApplyResponse.SerializeToString,
+            ),
+            'PolicyGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.PolicyGet,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyGetRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyGetResponse.SerializeToString,
+            ),
+            'PolicyList': grpc.unary_unary_rpc_method_handler(
+                    servicer.PolicyList,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyListRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyListResponse.SerializeToString,
+            ),
+            'PolicyDelete': grpc.unary_unary_rpc_method_handler(
+                    servicer.PolicyDelete,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyDeleteRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.SerializeToString,
+            ),
+            'RaftStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.RaftStatus,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusResponse.SerializeToString,
+            ),
+            'SubscribeEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.SubscribeEvents,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.SubscribeEventsRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.Event.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -358,6 +528,447 @@ class Admin:
             '/mesh.v1.Admin/Revoke',
             proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeRequest.SerializeToString,
             proto_dot_mesh_dot_v1_dot_admin__pb2.RevokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/Cordon',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Uncordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/Uncordon',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/Drain',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Quarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/Quarantine',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.NodeFlagRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PolicyApply(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/PolicyApply',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyApplyRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyApplyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PolicyGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/PolicyGet',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyGetRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PolicyList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/PolicyList',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyListRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PolicyDelete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/PolicyDelete',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyDeleteRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.PolicyWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RaftStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/RaftStatus',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubscribeEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mesh.v1.Admin/SubscribeEvents',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.SubscribeEventsRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class ConsensusStub:
+    """Consensus is the node-to-node side of the Raft groups, on the admin port:
+    non-coordinators forward writes to the leader and follow the committed log.
+    Only node certificates may call it.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Propose = channel.unary_unary(
+                '/mesh.v1.Consensus/Propose',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ProposeRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ProposeResponse.FromString,
+                _registered_method=True)
+        self.Follow = channel.unary_stream(
+                '/mesh.v1.Consensus/Follow',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.FollowRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.FollowMessage.FromString,
+                _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/mesh.v1.Consensus/Status',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusResponse.FromString,
+                _registered_method=True)
+
+
+class ConsensusServicer:
+    """Consensus is the node-to-node side of the Raft groups, on the admin port:
+    non-coordinators forward writes to the leader and follow the committed log.
+    Only node certificates may call it.
+    """
+
+    def Propose(self, request, context):
+        """Propose commits a command in a group (on the leader, or forwarded to it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Follow(self, request, context):
+        """Follow streams a group's committed changes from a version on; a snapshot
+        first when the version is older than the history kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Status(self, request, context):
+        """Status is this coordinator's view of its groups (for RaftStatus).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ConsensusServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Propose': grpc.unary_unary_rpc_method_handler(
+                    servicer.Propose,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ProposeRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ProposeResponse.SerializeToString,
+            ),
+            'Follow': grpc.unary_stream_rpc_method_handler(
+                    servicer.Follow,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.FollowRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.FollowMessage.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'mesh.v1.Consensus', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('mesh.v1.Consensus', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Consensus:
+    """Consensus is the node-to-node side of the Raft groups, on the admin port:
+    non-coordinators forward writes to the leader and follow the committed log.
+    Only node certificates may call it.
+    """
+
+    @staticmethod
+    def Propose(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Consensus/Propose',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.ProposeRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Follow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mesh.v1.Consensus/Follow',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.FollowRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.FollowMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Consensus/Status',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.RaftStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

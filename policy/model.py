@@ -1,0 +1,240 @@
+"""The policy kinds, their fields, and :func:`validate`.
+
+A policy document is a kubectl-like envelope::
+
+    kind: SloClass          # which schema `spec` follows (see KINDS)
+    name: interactive       # the object's name, unique per kind
+    version: 7              # optional: the version `meshctl policy get` printed; not validated
+    spec:                   #   beyond being a non-negative integer, and not part of the Document
+      deadline_ms: 250
+
+Validation is strict — unknown fields, wrong types (``true`` is not 1), NaN/inf, overlong strings
+and lists, and duplicates are rejected with a :class:`PolicyError` naming the field — and it
+normalizes: every field is present in ``Document.spec`` with its default filled in, so readers of
+a spec never need their own defaults. Normalization is idempotent:
+``validate(doc.to_dict()) == doc``.
+
+Kinds and their Raft group (``policy`` holds operator intent; ``placements`` is written by the
+training scheduler and changes far more often, so it is replicated separately):
+
+NodeFlags (policy; name = node name) — operator flags on one node:
+    cordoned (bool, default false): take no new placements or routing targets; running work stays.
+    draining (null | {deadline_unix}): finish in-flight work and take nothing new;
+        ``deadline_unix`` (seconds since the epoch, > 0) is when remaining work may be cut off.
+    quarantined (null | {reason}): suspected bad hardware or software; nothing is scheduled or
+        routed to the node. ``reason`` is 1..256 printable characters, shown to operators.
+
+TenantQuota (policy; name = tenant) — admission limits for one tenant:
+    requests_per_second (number > 0 | null, default null = unlimited): sustained request rate.
+    burst (int >= 1 | null, default null = one second of requests_per_second): token-bucket
+        depth; ignored while requests_per_second is null.
+    concurrency (int >= 1 | null, default null = unlimited): requests in flight at once.
+    priority (int 0..9, default 5): higher is more important when capacity is short.
+
+SloClass (policy; name = class) — latency objective a request names:
+    deadline_ms (number in (0, 3600000], required): end-to-end deadline in milliseconds.
+    hedging (bool, default true): whether a second copy may be sent to another target.
+    hedge_after_ms (number > 0 | null, default null = chosen from observed latency): fixed hedge
+        delay in milliseconds; must be < deadline_ms.
+    shed_priority (int 0..9, default 5): under overload, lower classes are shed first.
+
+ModelPin (policy; name = model or ``model:revision``) — where a model may be served:
+    nodes ([node name], default [] = any node): nodes the model is pinned to.
+    zones ([string], default [] = any zone): zones it may run in.
+    gpu_types ([string], default [] = any): GPU product names, e.g. "A100-SXM4-80GB".
+    min_free_vram_mb (int >= 0, default 0): free GPU memory (MiB) a target must have.
+    min_replicas (int >= 0, default 0): replicas to keep loaded.
+
+TrainingPlacement (placements; name = job id) — where a training job runs:
+    node (node name, required): the node the job is placed on.
+    gpus ([string], default [] = a CPU-only job): GPU UUIDs or indices on that node.
+    vram_mb (int >= 0, default 0): GPU memory (MiB) reserved per GPU.
+    state ("pending" | "running" | "done" | "failed", default "pending").
+    lease (null | {holder, expires_unix}): the trainer daemon holding the job and when its soft
+        lease lapses (seconds since the epoch); an expired lease lets the scheduler move the job.
+    progress (number 0..1, default 0): fraction done, reported with each lease renewal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy.errors import PolicyError
+from policy.fields import (
+    Boolean,
+    Choice,
+    Field,
+    Integer,
+    ListOf,
+    Number,
+    Object,
+    Text,
+    gpu_id_check,
+    join,
+    name_check,
+    number_text,
+    required,
+    show,
+)
+
+__all__ = [
+    "GROUPS", "KINDS", "SPECS", "TRAINING_STATES", "Document", "PolicyError", "copy_plain",
+    "defaults", "schedulable", "validate", "validate_key",
+]
+
+GROUPS = ("policy", "placements")
+"""The Raft groups documents live in."""
+
+TRAINING_STATES = ("pending", "running", "done", "failed")
+"""Life cycle of a TrainingPlacement."""
+
+
+def _slo_cross(spec: dict[str, Any], path: str) -> None:
+    hedge = spec["hedge_after_ms"]
+    if hedge is not None and hedge >= spec["deadline_ms"]:
+        raise PolicyError(join(path, "hedge_after_ms"),
+                          f"must be < deadline_ms ({number_text(spec['deadline_ms'])}), "
+                          f"got {number_text(hedge)}")
+
+
+SPECS: Mapping[str, Object] = {
+    "NodeFlags": Object({
+        "cordoned": Field(Boolean(), False, "no new placements or routing targets"),
+        "draining": Field(Object({
+            "deadline_unix": required(Number(gt=0), "when remaining work may be cut off (s)"),
+        }, nullable=True), None, "finish in-flight work, take nothing new"),
+        "quarantined": Field(Object({
+            "reason": required(Text(1, 256), "why, for operators"),
+        }, nullable=True), None, "nothing is scheduled or routed here"),
+    }),
+    "TenantQuota": Object({
+        "requests_per_second": Field(Number(gt=0, nullable=True), None, "null = unlimited"),
+        "burst": Field(Integer(ge=1, nullable=True), None, "token-bucket depth"),
+        "concurrency": Field(Integer(ge=1, nullable=True), None, "in flight; null = unlimited"),
+        "priority": Field(Integer(ge=0, le=9), 5, "higher is more important"),
+    }),
+    "SloClass": Object({
+        "deadline_ms": required(Number(gt=0, le=3_600_000), "end-to-end deadline (ms)"),
+        "hedging": Field(Boolean(), True, "may a second copy be sent"),
+        "hedge_after_ms": Field(Number(gt=0, nullable=True), None, "fixed hedge delay (ms)"),
+        "shed_priority": Field(Integer(ge=0, le=9), 5, "lower is shed first"),
+    }, cross=_slo_cross),
+    "ModelPin": Object({
+        "nodes": Field(ListOf(name_check()), [], "pinned nodes; empty = any"),
+        "zones": Field(ListOf(Text(1, 64)), [], "allowed zones; empty = any"),
+        "gpu_types": Field(ListOf(Text(1, 128)), [], "allowed GPU products; empty = any"),
+        "min_free_vram_mb": Field(Integer(ge=0), 0, "free GPU memory a target needs (MiB)"),
+        "min_replicas": Field(Integer(ge=0), 0, "replicas to keep loaded"),
+    }),
+    "TrainingPlacement": Object({
+        "node": required(name_check(), "node the job runs on"),
+        "gpus": Field(ListOf(gpu_id_check()), [], "GPU UUIDs or indices; empty = CPU job"),
+        "vram_mb": Field(Integer(ge=0), 0, "GPU memory reserved per GPU (MiB)"),
+        "state": Field(Choice(TRAINING_STATES), "pending", "life-cycle state"),
+        "lease": Field(Object({
+            "holder": required(Text(1, 256), "trainer daemon holding the job"),
+            "expires_unix": required(Number(gt=0), "when the lease lapses (s since epoch)"),
+        }, nullable=True), None, "soft lease; expired = the job may move"),
+        "progress": Field(Number(ge=0, le=1), 0.0, "fraction done"),
+    }),
+}
+"""Each kind's spec schema (field checkers, defaults and one-line docs)."""
+
+KINDS: Mapping[str, str] = {
+    "NodeFlags": "policy",
+    "TenantQuota": "policy",
+    "SloClass": "policy",
+    "ModelPin": "policy",
+    "TrainingPlacement": "placements",
+}
+"""Kind -> the Raft group that replicates it."""
+
+_ENVELOPE = ("kind", "name", "spec", "version")
+_KIND = Choice(tuple(KINDS))  # for its description only
+_NAME = name_check()
+_VERSION = Integer(ge=0)
+
+
+@dataclass(frozen=True)
+class Document:
+    """A validated, normalized policy document.
+
+    ``spec`` holds every field of the kind with defaults filled in, as plain JSON data; treat it
+    as read-only (``to_dict()`` returns a copy). ``version`` is the optional envelope version
+    the input carried (for optimistic concurrency in ``meshctl``); it is not part of the
+    document's identity or equality.
+    """
+
+    kind: str
+    name: str
+    spec: dict[str, Any]
+    version: int | None = field(default=None, compare=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(kind, name)``: the document's identity in a store."""
+        return (self.kind, self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"kind", "name", "spec"}`` as fresh plain data."""
+        return {"kind": self.kind, "name": self.name, "spec": copy_plain(self.spec)}
+
+
+def validate(raw: object) -> Document:
+    """Check a raw envelope and return its normalized :class:`Document`.
+
+    Raises :class:`PolicyError` — and nothing else, whatever ``raw`` is.
+    """
+    if not isinstance(raw, dict):
+        raise PolicyError("document", "must be an object with kind, name and spec, got "
+                          + show(raw))
+    for key in raw:  # unknown keys first: "apiVersion: unknown field" beats a confusing later error
+        if not isinstance(key, str):
+            raise PolicyError(join("", key), "field names must be strings")
+        if key not in _ENVELOPE:
+            raise PolicyError(join("", key), "unknown field; expected one of "
+                              + ", ".join(_ENVELOPE))
+    if "kind" not in raw:
+        raise PolicyError("kind", f"required ({_KIND.what})")
+    if "name" not in raw:
+        raise PolicyError("name", f"required ({_NAME.what})")
+    kind, name = validate_key(raw["kind"], raw["name"])
+    version = _VERSION(raw["version"], "version") if raw.get("version") is not None else None
+    spec = raw.get("spec")
+    spec = SPECS[kind]({} if spec is None else spec, "spec")  # `spec:` alone in YAML is null
+    return Document(kind, name, spec, version)
+
+
+def validate_key(kind: object, name: object) -> tuple[str, str]:
+    """Check a ``(kind, name)`` pair on its own (deletes and reads carry no document)."""
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise PolicyError("kind", f"unknown kind {show(kind)}; expected one of "
+                          + ", ".join(KINDS))
+    return str.__str__(kind), _NAME(name, "name")
+
+
+def defaults(kind: str) -> dict[str, Any]:
+    """The spec of ``kind`` with every optional field at its default.
+
+    Raises PolicyError for kinds with required fields (SloClass, TrainingPlacement).
+    """
+    validate_key(kind, "x")
+    result: dict[str, Any] = SPECS[kind]({}, "spec")
+    return result
+
+
+def schedulable(flags_spec: Mapping[str, Any]) -> bool:
+    """Whether a node with these NodeFlags may receive new work: no flag set."""
+    return not (flags_spec.get("cordoned") or flags_spec.get("draining") is not None
+                or flags_spec.get("quarantined") is not None)
+
+
+def copy_plain(value: Any) -> Any:
+    """Copy normalized plain data (dicts and lists of scalars; shallow depth by construction)."""
+    if isinstance(value, dict):
+        return {k: copy_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy_plain(v) for v in value]
+    return value
