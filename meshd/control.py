@@ -112,6 +112,8 @@ class ControlPlane:
         self.raft_bind = ""
         self.swim: Swim | None = None
         self.changed: Callable[[], None] = lambda: None  # republish our node state soon
+        self.on_write: Callable[[str, str, str, float], None] = lambda g, p, o, s: None
+        """(group, "local"|"forwarded", outcome, seconds) for every write (metrics)."""
         self.forwarded: Counter[str] = Counter()
         self.follow_errors: Counter[str] = Counter()
         self._candidates: dict[str, tuple[frozenset[str], float]] = {}
@@ -409,10 +411,18 @@ class ControlPlane:
         """Commit ``command`` in ``group`` from this node; waits until this node's copy shows
         the result (read-your-writes).  Raises :class:`ConsensusError`."""
         grp = self.groups.get(group)
-        if grp is not None:
-            result = await grp.propose(command, timeout)
-        else:
-            result = await self._forward(group, command, timeout, caller)
+        path = "local" if grp is not None else "forwarded"
+        start = time.perf_counter()
+        try:
+            if grp is not None:
+                result = await grp.propose(command, timeout)
+            else:
+                result = await self._forward(group, command, timeout, caller)
+        except ConsensusError as exc:
+            self.on_write(group, path, exc.code, time.perf_counter() - start)
+            raise
+        self.on_write(group, path, "ok" if result.get("ok") else str(result.get("error")),
+                      time.perf_counter() - start)
         version = result.get("version") if isinstance(result, dict) else None
         if result.get("ok") and isinstance(version, int) and command.get("op") != "read":
             view = self.views[group]

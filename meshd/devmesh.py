@@ -29,6 +29,9 @@ from meshd.ctl import format_members_table
 from meshd.security import DEV_TRUST_DOMAIN
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
+COORDINATORS = 3
+"""The first nodes (up to this many) are coordinators and form the Raft groups."""
+
 
 def node_addrs(i: int, per_ip: bool) -> tuple[str, str, str]:
     """Gossip, admin and metrics addresses of node ``i`` (1-based)."""
@@ -36,6 +39,11 @@ def node_addrs(i: int, per_ip: bool) -> tuple[str, str, str]:
         ip = f"127.0.0.{i}"
         return f"{ip}:7946", f"{ip}:7960", f"{ip}:9464"
     return f"127.0.0.1:{7000 + i}", f"127.0.0.1:{7100 + i}", f"127.0.0.1:{9400 + i}"
+
+
+def raft_addr(i: int, per_ip: bool) -> str:
+    """Raft address of coordinator ``i`` (its groups use this port and the next)."""
+    return f"127.0.0.{i}:7950" if per_ip else f"127.0.0.1:{7200 + 2 * i}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
                "--admin", admin, "--metrics", metrics, "--profile", args.profile,
                "--role", roles[(i - 1) % len(roles)], "--zone", f"zone-{'ab'[i % 2]}",
                "--region", "dev", "--data-dir", str(workdir / f"node{i}")]
+        coordinators = min(COORDINATORS, args.nodes)
+        if i <= coordinators:
+            if roles[(i - 1) % len(roles)] != "coordinator":
+                cmd += ["--role", "coordinator"]
+            cmd += ["--bootstrap-expect", str(coordinators), "--raft", raft_addr(i, per_ip)]
         child_env = dict(env)
         if i == 1:
             cmd += ["--dev"]
@@ -86,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     while not Identity.exists(creds) and time.monotonic() - started < 30:
         time.sleep(0.1)  # node1 writes the admin client identity as it starts
-    print(f"try: meshctl --admin {admin_addr} --creds {creds} members --detailed", flush=True)
+    ctl = f"meshctl --admin {admin_addr} --creds {creds}"
+    print(f"try: {ctl} members --detailed\n     {ctl} raft status\n"
+          f"     {ctl} cordon node2 && {ctl} policy list", flush=True)
     code = 0
     with tls.grpc_channel(admin_addr, Identity.load(creds)) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)

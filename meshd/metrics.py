@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from gossip.protocol import Swim
 from gossip.state import Status
+from meshd.control import ControlPlane
 from meshd.coordinates import CoordinatePlane
 from meshd.security import Security
 from topology.client import REJECT_REASONS
@@ -21,6 +22,10 @@ from topology.wire import DECODE_REASONS
 
 RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RATIO_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
+
+
+WRITE_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
+                 1.0, 2.5, 5.0)
 
 
 class GossipCollector(Collector):
@@ -178,11 +183,83 @@ class SecurityCollector(Collector):
         yield keys
 
 
+class ConsensusCollector(Collector):
+    """Raft groups on this node (coordinators) and every node's read copies."""
+
+    STATES = {"follower": 0, "candidate": 1, "leader": 2}
+
+    def __init__(self, node: str, control: ControlPlane) -> None:
+        self.node = node
+        self.control = control
+
+    def collect(self) -> Iterator[Metric]:
+        n = self.node
+        c = self.control
+        version = GaugeMetricFamily("meshd_policy_version",
+                                    "Version of this node's read copy of each group",
+                                    labels=["node", "group"])
+        for group, view in c.views.items():
+            version.add_metric([n, group], view.version)
+        yield version
+        gauges = {name: GaugeMetricFamily(name, doc, labels=["node", "group"]) for name, doc in (
+            ("meshd_raft_state", "0 follower, 1 candidate, 2 leader"),
+            ("meshd_raft_term", "Current Raft term"),
+            ("meshd_raft_commit_index", "Raft commit index"),
+            ("meshd_raft_last_applied", "Last log index applied to the store"),
+            ("meshd_raft_has_quorum", "1 when a write could commit now, as far as this node knows"),
+            ("meshd_raft_voters", "Voters in the group's configuration"),
+            ("meshd_raft_reachable_voters", "Voters heard from within the quorum window"))}
+        syncs = CounterMetricFamily("meshd_raft_journal_syncs", "Journal msync/fsync calls",
+                                    labels=["node", "group"])
+        sync_time = CounterMetricFamily("meshd_raft_journal_sync_seconds",
+                                        "Time spent making the journal durable",
+                                        labels=["node", "group"])
+        for group, grp in list(c.groups.items()):
+            try:
+                st = grp.status()
+            except RuntimeError:  # pysyncobj mutated a dict under us; next scrape
+                continue
+            for name, value in (("meshd_raft_state", self.STATES.get(st.state, 0)),
+                                ("meshd_raft_term", st.term),
+                                ("meshd_raft_commit_index", st.commit_index),
+                                ("meshd_raft_last_applied", st.last_applied),
+                                ("meshd_raft_has_quorum", int(st.has_quorum)),
+                                ("meshd_raft_voters", len(st.members)),
+                                ("meshd_raft_reachable_voters", len(st.reachable))):
+                gauges[name].add_metric([n, group], value)
+            syncs.add_metric([n, group], grp.durability.syncs)
+            sync_time.add_metric([n, group], grp.durability.sync_seconds)
+        yield from gauges.values()
+        yield syncs
+        yield sync_time
+        fwd = CounterMetricFamily("meshd_consensus_forwarded_writes",
+                                  "Writes this node forwarded to a coordinator",
+                                  labels=["node", "group"])
+        for group, count in c.forwarded.items():
+            fwd.add_metric([n, group], count)
+        yield fwd
+        errors = CounterMetricFamily("meshd_consensus_follow_errors",
+                                     "Ends of this node's log-following streams, by reason",
+                                     labels=["node", "reason"])
+        for reason, count in c.follow_errors.items():
+            errors.add_metric([n, reason], count)
+        yield errors
+
+
 class AgentMetrics:
     """The agent's registry: gossip and topology collectors plus histograms."""
 
-    def __init__(self, swim: Swim, coordinates: CoordinatePlane, security: Security) -> None:
+    def __init__(self, swim: Swim, coordinates: CoordinatePlane, security: Security,
+                 control: ControlPlane | None = None) -> None:
         self.registry = CollectorRegistry()
+        self.write_seconds = Histogram(
+            "meshd_consensus_write_seconds",
+            "Time from a write entering this node to its commit (path: local or forwarded)",
+            ["node", "group", "path", "outcome"], buckets=WRITE_BUCKETS, registry=self.registry)
+        if control is not None:
+            self.registry.register(ConsensusCollector(swim.name, control))
+            control.on_write = lambda group, path, outcome, seconds: self.write_seconds.labels(
+                swim.name, group, path, outcome).observe(seconds)
         self.registry.register(SecurityCollector(swim.name, security))
         self.registry.register(GossipCollector(swim))
         self.probe_rtt = Histogram("meshd_gossip_probe_rtt_seconds",
