@@ -178,13 +178,26 @@ class RaftGroup:
             connectionRetryTime=timing.reconnect, connectionTimeout=timing.connect_timeout,
             dynamicMembershipChange=True, commandsWaitLeader=False,
             journalFile=str(journal), fullDumpFile=str(data_dir / f"{name}.dump"),
-            serializer=write_dump, deserializer=read_dump,
+            serializer=self._write_dump, deserializer=self._read_dump,
             useFork=False,  # forking a process with gRPC threads is unsafe
             bindAddress=bind or address, maxBindRetries=30, bindRetryTime=0.5)
         self._members = {a for a in partners if a != address}
         self.syncobj = SyncObj(address, sorted(self._members), conf, consumers=[self.consumer],
                                transportClass=self.transport_class)
         self._closed = False
+
+    # --- snapshots ----------------------------------------------------------------------------
+
+    def _write_dump(self, path: str, raft_data: Any) -> None:
+        """pysyncobj hands a custom serializer only its own bookkeeping (last entries, cluster),
+        not the state: we add the store's snapshot, taken on the tick thread at the same log
+        index."""
+        write_dump(path, (self.consumer._serialize(), raft_data))
+
+    def _read_dump(self, path: str) -> Any:
+        state, raft_data = read_dump(path)
+        self.consumer._deserialize(state)
+        return raft_data
 
     # --- lifecycle --------------------------------------------------------------------------
 

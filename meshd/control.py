@@ -57,6 +57,8 @@ READ_YOUR_WRITE_WAIT = 2.0
 """After a write commits, how long it waits for this node's copy to show it."""
 MEMBERSHIP_TIMEOUT = 5.0
 MEMBERSHIP_HISTORY = 1000
+FAILED_BACKOFF = 2.0
+"""Seconds a coordinator that could not be reached is not picked for forwarding."""
 
 
 def kinds_of(group: str) -> frozenset[str]:
@@ -121,6 +123,8 @@ class ControlPlane:
         self._changing: set[str] = set()
         self._channels: dict[str, tuple[object, grpc.aio.Channel]] = {}
         self._waiting_logged: dict[str, str] = {}
+        self._failed: dict[str, float] = {}  # node -> until when not to pick it
+        self._last_section: bytes | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._membership: deque[tuple[int, str, str, float]] = deque(maxlen=MEMBERSHIP_HISTORY)
         self.membership_seq = 0
@@ -235,6 +239,10 @@ class ControlPlane:
                             self._spawn(self._change_member(grp, *change))
             if group not in self.groups:
                 self._ensure_follower(group)
+        section = self.section()
+        if section != self._last_section:  # a new leader or term: tell the mesh at once
+            self._last_section = section
+            self.changed()
 
     async def _maybe_start(self, group: str, coordinators: dict[str, Coordinator],
                            now: float) -> None:
@@ -344,11 +352,15 @@ class ControlPlane:
         """(node name, admin target) of the group's leader if known, else of a live
         coordinator that publishes the group."""
         assert self.swim is not None
-        leader_names = {self.node_names.get(pub[group][0], "")
-                        for pub in self.published.values() if group in pub and pub[group][0]}
+        claims = [(pub[group][1], pub[group][0]) for pub in self.published.values()
+                  if group in pub and pub[group][0]]
+        leader_names = {self.node_names.get(max(claims)[1], "")} if claims else set()
+        now = time.monotonic()
         best: tuple[int, str, str] | None = None
         for m in self.swim.members():
             if not m.live or m.name == self.node or m.name not in self.published:
+                continue
+            if self._failed.get(m.name, 0.0) > now:
                 continue
             if group not in self.published[m.name] or "admin" not in m.meta.ports_dict:
                 continue
@@ -396,6 +408,8 @@ class ControlPlane:
                         break
             except grpc.aio.AioRpcError as exc:
                 self.follow_errors[exc.code().name.lower()] += 1
+                if exc.code() is grpc.StatusCode.UNAVAILABLE:
+                    self._failed[name] = time.monotonic() + FAILED_BACKOFF
                 log.debug("follow stream ended", extra={"event": "follow_ended", "group": group,
                                                         "member": name, "detail": str(exc)})
             except (ValueError, KeyError) as exc:
@@ -432,7 +446,7 @@ class ControlPlane:
         return result
 
     async def _forward(self, group: str, command: dict[str, Any], timeout: float,
-                       caller: str) -> dict[str, Any]:
+                       caller: str, retry: bool = True) -> dict[str, Any]:
         picked = self._pick_coordinator(group) if self.swim is not None else None
         if picked is None:
             raise ConsensusError("no_leader", f"no quorum in raft group {group}: no "
@@ -448,6 +462,11 @@ class ControlPlane:
             code = exc.code()
             detail = exc.details() or code.name
             if code is grpc.StatusCode.UNAVAILABLE:
+                # Not applied.  If the coordinator itself was unreachable (it may have just
+                # died, before gossip says so), try another one once: any voter forwards.
+                self._failed[name] = time.monotonic() + FAILED_BACKOFF
+                if retry and not detail.startswith("no quorum"):
+                    return await self._forward(group, command, timeout, caller, retry=False)
                 raise ConsensusError("no_quorum", detail) from None
             if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
                 raise ConsensusError("refused", f"{name}: {detail}") from None
