@@ -464,7 +464,8 @@ class ControlPlane:
             if code is grpc.StatusCode.UNAVAILABLE:
                 # Not applied.  If the coordinator itself was unreachable (it may have just
                 # died, before gossip says so), try another one once: any voter forwards.
-                self._failed[name] = time.monotonic() + FAILED_BACKOFF
+                if not detail.startswith("no quorum"):  # unreachable, not just leaderless
+                    self._failed[name] = time.monotonic() + FAILED_BACKOFF
                 if retry and not detail.startswith("no quorum"):
                     return await self._forward(group, command, timeout, caller, retry=False)
                 raise ConsensusError("no_quorum", detail) from None
