@@ -461,14 +461,18 @@ class ControlPlane:
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             detail = exc.details() or code.name
-            if code is grpc.StatusCode.UNAVAILABLE:
-                # Not applied.  If the coordinator itself was unreachable (it may have just
-                # died, before gossip says so), try another one once: any voter forwards.
-                if not detail.startswith("no quorum"):  # unreachable, not just leaderless
-                    self._failed[name] = time.monotonic() + FAILED_BACKOFF
-                if retry and not detail.startswith("no quorum"):
+            if code is grpc.StatusCode.UNAVAILABLE and detail.startswith("no quorum"):
+                raise ConsensusError("no_quorum", detail) from None  # the voter refused it
+            if code is grpc.StatusCode.UNAVAILABLE and "failed to connect" in detail:
+                # Never sent: the coordinator is unreachable (it may have just died, before
+                # gossip says so).  Skip it for a while and try another voter once.
+                self._failed[name] = time.monotonic() + FAILED_BACKOFF
+                if retry:
                     return await self._forward(group, command, timeout, caller, retry=False)
-                raise ConsensusError("no_quorum", detail) from None
+                raise ConsensusError("no_quorum", (
+                    f"no quorum in raft group {group}: no coordinator reachable from "
+                    f"{self.node} (last tried {name}: {detail})")) from None
+            # Any other failure (a connection lost mid-call included) may follow a commit.
             if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
                 raise ConsensusError("refused", f"{name}: {detail}") from None
             raise ConsensusError("unknown", f"forwarded to {name}: {detail}") from None
