@@ -125,7 +125,9 @@ def write_dump(path: str, data: Any) -> None:
     """pysyncobj ``serializer``: its own format (gzip'd pickle), but ``fsync``ed before
     pysyncobj renames the file into place.  Runs on the tick thread (``useFork=False``)."""
     with open(path, "wb") as f:
-        with gzip.GzipFile(fileobj=f, mode="wb") as g:
+        # Level 1: this runs on the tick thread, and level 9 stalls heartbeats for ~0.4 s
+        # with 10,000 documents.
+        with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=1) as g:
             pickle.dump(data, g, protocol=pickle.HIGHEST_PROTOCOL)
         f.flush()
         os.fsync(f.fileno())

@@ -101,13 +101,19 @@ class GroupView:
 
     async def _save_later(self) -> None:
         await asyncio.sleep(SAVE_DELAY)
-        self.save()
+        # Snapshot here (consistent with the loop's state); encode and write off the loop,
+        # which is what costs (tens of ms with a long history).
+        await asyncio.to_thread(self._write, self.store.snapshot())
 
     def save(self) -> None:
-        """Write the copy to disk atomically (temp file + rename)."""
+        """Write the copy to disk now (at shutdown)."""
+        self._write(self.store.snapshot())
+
+    def _write(self, snapshot: dict) -> None:
+        """Write ``snapshot`` to disk atomically (temp file + rename)."""
         if self.path is None:
             return
-        data = json.dumps(self.store.snapshot(), separators=(",", ":"))
+        data = json.dumps(snapshot, separators=(",", ":"))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:

@@ -9,8 +9,9 @@ decision is written to the audit log.  Handlers read the caller from :data:`CALL
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -101,17 +102,8 @@ class AuthzInterceptor(grpc.aio.ServerInterceptor):
 
             async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 principal, peer = await _admit(authz, method, context)
-                token = CALLER.set(principal)
-                code = "OK"
-                try:
+                with _acting(authz, method, principal, peer, context):
                     return await inner(request, context)
-                except BaseException:
-                    code = _code_of(context)
-                    raise
-                finally:
-                    CALLER.reset(token)
-                    authz.audit.record(method=method, principal=principal, allowed=True,
-                                       code=code, peer=peer)
 
             return grpc.unary_unary_rpc_method_handler(
                 guarded, request_deserializer=handler.request_deserializer,
@@ -122,18 +114,9 @@ class AuthzInterceptor(grpc.aio.ServerInterceptor):
             async def guarded_stream(request: Any, context: grpc.aio.ServicerContext
                                      ) -> AsyncIterator[Any]:
                 principal, peer = await _admit(authz, method, context)
-                token = CALLER.set(principal)
-                code = "OK"
-                try:
+                with _acting(authz, method, principal, peer, context):
                     async for item in inner_stream(request, context):
                         yield item
-                except BaseException:
-                    code = _code_of(context)
-                    raise
-                finally:
-                    CALLER.reset(token)
-                    authz.audit.record(method=method, principal=principal, allowed=True,
-                                       code=code, peer=peer)
 
             return grpc.unary_stream_rpc_method_handler(
                 guarded_stream, request_deserializer=handler.request_deserializer,
@@ -144,6 +127,23 @@ class AuthzInterceptor(grpc.aio.ServerInterceptor):
                                 f"{method}: streaming requests are not served")
 
         return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+@contextlib.contextmanager
+def _acting(authz: Authorizer, method: str, principal: Principal, peer: str,
+            context: grpc.aio.ServicerContext) -> Iterator[None]:
+    """Run an admitted call as ``principal`` (:data:`CALLER`) and audit how it ended."""
+    token = CALLER.set(principal)
+    code = "OK"
+    try:
+        yield
+    except BaseException:
+        code = _code_of(context)
+        raise
+    finally:
+        CALLER.reset(token)
+        authz.audit.record(method=method, principal=principal, allowed=True, code=code,
+                           peer=peer)
 
 
 def _code_of(context: grpc.aio.ServicerContext) -> str:

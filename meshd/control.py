@@ -232,9 +232,10 @@ class ControlPlane:
                 if grp is None:
                     await self._maybe_start(group, coordinators, now)
                 else:
-                    self._save_members(group, grp.members())
-                    if grp.status().state == "leader" and group not in self._changing:
-                        change = reconcile(grp.members(), coordinators)
+                    st = grp.status()
+                    self._save_members(group, st.members)
+                    if st.state == "leader" and group not in self._changing:
+                        change = reconcile(st.members, coordinators)
                         if change is not None:
                             self._spawn(self._change_member(grp, *change))
             if group not in self.groups:
