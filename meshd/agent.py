@@ -43,6 +43,8 @@ _LEVELS = {EventKind.CONFLICT: logging.WARNING, EventKind.FAILED: logging.WARNIN
 MAX_RETRY_DELAY = 30.0
 STATE_PUBLISH_PERIOD = 1.0
 """How often the agent checks whether its node state (e.g. its coordinate) needs republishing."""
+ADMIN_GRACE = 1.0
+"""Seconds admin calls in flight get to finish on shutdown."""
 
 
 TEST_SEND_DELAY_ENV = "MESHD_TEST_SEND_DELAY"
@@ -422,11 +424,13 @@ class Agent:
             log.info("leaving", extra={"event": "leaving"})
             await self.transport.leave()
             self._save_state()
-        await self.control.close(leave=leave)
         if self._admin is not None:
-            await self._admin.stop(0.5)  # type: ignore[attr-defined]
+            # Calls in flight (forwarded writes above all) finish before the Raft groups
+            # close under them; streams (Follow, SubscribeEvents) are cut after the grace.
+            await self._admin.stop(ADMIN_GRACE)  # type: ignore[attr-defined]
             if self._authorizer is not None:
                 self._authorizer.audit.close()
+        await self.control.close(leave=leave)
         if self.metrics is not None:
             self.metrics.close()
         if self.transport is not None:

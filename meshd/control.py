@@ -52,13 +52,30 @@ TICK = 0.25
 """Seconds between bootstrap/reconcile/follow checks."""
 SETTLE = 1.0
 """Bootstrap waits until the set of coordinators it sees was unchanged this long."""
+PEER_CHANNEL_OPTIONS: list[tuple[str, object]] = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.min_reconnect_backoff_ms", 1000),
+]
+"""gRPC's defaults (1 s growing to 120 s between connection attempts) would keep a restarted
+coordinator unused for minutes; a coordinator is back within seconds or is gone."""
 FOLLOW_RETRY = 0.5
+FOLLOW_HEARTBEAT = 1.0
+"""A coordinator's Follow stream sends an empty message after this many seconds of quiet."""
+FOLLOW_SILENCE = 3.5
+"""A follower drops a Follow stream silent this long (its coordinator is gone or cut off)."""
 READ_YOUR_WRITE_WAIT = 2.0
 """After a write commits, how long it waits for this node's copy to show it."""
 MEMBERSHIP_TIMEOUT = 5.0
 MEMBERSHIP_HISTORY = 1000
 FAILED_BACKOFF = 2.0
 """Seconds a coordinator that could not be reached is not picked for forwarding."""
+CONNECT_DEADLINE = 0.5
+"""Longest wait for a connection to a coordinator before a forwarded write picks another.
+
+A blackholed peer would otherwise hold the write until its whole deadline; on loopback or
+a LAN a connection takes milliseconds, and nothing was sent yet, so trying another voter
+is safe."""
 
 
 def kinds_of(group: str) -> frozenset[str]:
@@ -120,6 +137,7 @@ class ControlPlane:
         self.follow_errors: Counter[str] = Counter()
         self._candidates: dict[str, tuple[frozenset[str], float]] = {}
         self._followers: dict[str, asyncio.Task[None]] = {}
+        self._heard: dict[str, float] = {}  # group -> when its Follow stream last spoke
         self._changing: set[str] = set()
         self._channels: dict[str, tuple[object, grpc.aio.Channel]] = {}
         self._waiting_logged: dict[str, str] = {}
@@ -365,13 +383,18 @@ class ControlPlane:
                 continue
             if group not in self.published[m.name] or "admin" not in m.meta.ports_dict:
                 continue
-            rank = 0 if m.name in leader_names else 1
+            # Any voter hands a write to its leader; a suspect one is likely gone, so it
+            # comes last even when it claims to lead.
+            rank = 2 * (m.status is Status.SUSPECT) + (m.name not in leader_names)
             target = f"{m.addr[0]}:{m.meta.ports_dict['admin']}"
             if best is None or (rank, m.name) < best[:2]:
                 best = (rank, m.name, target)
         return None if best is None else (best[1], best[2])
 
     def _stub(self, name: str, target: str) -> admin_pb2_grpc.ConsensusStub:
+        return admin_pb2_grpc.ConsensusStub(self._channel(name, target))
+
+    def _channel(self, name: str, target: str) -> grpc.aio.Channel:
         ident = self.security.identity
         cached = self._channels.get(target)
         if cached is None or cached[0] is not ident:
@@ -379,10 +402,28 @@ class ControlPlane:
                 self._spawn(cached[1].close())
             td = ident.spiffe_id.trust_domain
             channel = tls.grpc_channel(target, ident, aio=True,
-                                       server_name=SpiffeId.node(td, name).dns_names()[0])
+                                       server_name=SpiffeId.node(td, name).dns_names()[0],
+                                       options=PEER_CHANNEL_OPTIONS)
             self._channels[target] = (ident, channel)
             cached = (ident, channel)
-        return admin_pb2_grpc.ConsensusStub(cached[1])
+        return cached[1]
+
+    async def _connected(self, name: str, target: str, within: float) -> bool:
+        """Whether a (TLS) connection to ``target`` is up, or comes up within ``within`` s."""
+        channel = self._channel(name, target)
+        deadline = time.monotonic() + within
+        state = channel.get_state(try_to_connect=True)
+        while state is not grpc.ChannelConnectivity.READY:
+            if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                         grpc.ChannelConnectivity.SHUTDOWN):
+                return False  # refused, or still backing off from a failed attempt
+            try:
+                await asyncio.wait_for(channel.wait_for_state_change(state),
+                                       deadline - time.monotonic())
+            except TimeoutError:
+                return False
+            state = channel.get_state(try_to_connect=True)
+        return True
 
     async def _follow(self, group: str) -> None:
         view = self.views[group]
@@ -392,21 +433,24 @@ class ControlPlane:
                 await asyncio.sleep(FOLLOW_RETRY)
                 continue
             name, target = picked
+            stream = self._stub(name, target).Follow(
+                admin_pb2.FollowRequest(group=group, from_version=view.version))
+            watchdog = asyncio.get_running_loop().create_task(
+                self._watch_follow(group, picked, stream))
             try:
-                stream = self._stub(name, target).Follow(
-                    admin_pb2.FollowRequest(group=group, from_version=view.version))
                 async for msg in stream:
+                    self._heard[group] = time.monotonic()
                     if msg.snapshot_json:
                         view.reset(json.loads(msg.snapshot_json))
                     elif msg.change_json:
                         if not view.apply(Change.from_dict(json.loads(msg.change_json))):
                             self.follow_errors["gap"] += 1
-                            stream.cancel()
                             break
                     view.source = name
-                    if self._pick_coordinator(group) != picked:
-                        stream.cancel()  # a leader appeared or changed: follow it instead
-                        break
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if not watchdog.done() or (me is not None and me.cancelling()):
+                    raise  # this task was cancelled, not just the stream by the watchdog
             except grpc.aio.AioRpcError as exc:
                 self.follow_errors[exc.code().name.lower()] += 1
                 if exc.code() is grpc.StatusCode.UNAVAILABLE:
@@ -417,7 +461,25 @@ class ControlPlane:
                 self.follow_errors["bad_message"] += 1
                 log.warning("bad follow message", extra={"event": "follow_bad", "group": group,
                                                          "member": name, "detail": str(exc)})
+            finally:
+                watchdog.cancel()
+                stream.cancel()
             await asyncio.sleep(FOLLOW_RETRY)
+
+    async def _watch_follow(self, group: str, picked: tuple[str, str],
+                            stream: grpc.aio.UnaryStreamCall) -> None:
+        """Ends a Follow stream when a better coordinator appears (a leader, or a new one)
+        or when its coordinator falls silent: a partitioned peer never closes the stream."""
+        self._heard[group] = time.monotonic()
+        while True:
+            await asyncio.sleep(FOLLOW_HEARTBEAT / 2)
+            if self._pick_coordinator(group) != picked:
+                break
+            if time.monotonic() - self._heard[group] > FOLLOW_SILENCE:
+                self.follow_errors["silent"] += 1
+                self._failed[picked[0]] = time.monotonic() + FAILED_BACKOFF
+                break
+        stream.cancel()
 
     # --- writes and reads -------------------------------------------------------------------
 
@@ -454,6 +516,9 @@ class ControlPlane:
                                  "coordinator of the group is reachable from this node")
         name, target = picked
         self.forwarded[group] += 1
+        if not await self._connected(name, target, min(CONNECT_DEADLINE, timeout / 2)):
+            return await self._unreachable(group, command, timeout, caller, retry, name,
+                                           f"no connection within {CONNECT_DEADLINE:g} s")
         try:
             reply = await self._stub(name, target).Propose(
                 admin_pb2.ProposeRequest(group=group, command_json=json.dumps(command),
@@ -465,14 +530,8 @@ class ControlPlane:
             if code is grpc.StatusCode.UNAVAILABLE and detail.startswith("no quorum"):
                 raise ConsensusError("no_quorum", detail) from None  # the voter refused it
             if code is grpc.StatusCode.UNAVAILABLE and "failed to connect" in detail:
-                # Never sent: the coordinator is unreachable (it may have just died, before
-                # gossip says so).  Skip it for a while and try another voter once.
-                self._failed[name] = time.monotonic() + FAILED_BACKOFF
-                if retry:
-                    return await self._forward(group, command, timeout, caller, retry=False)
-                raise ConsensusError("no_quorum", (
-                    f"no quorum in raft group {group}: no coordinator reachable from "
-                    f"{self.node} (last tried {name}: {detail})")) from None
+                return await self._unreachable(group, command, timeout, caller, retry, name,
+                                               detail)
             # Any other failure (a connection lost mid-call included) may follow a commit.
             if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
                 raise ConsensusError("refused", f"{name}: {detail}") from None
@@ -481,6 +540,17 @@ class ControlPlane:
         if not isinstance(result, dict):
             raise ConsensusError("unknown", f"{name} returned a malformed result")
         return result
+
+    async def _unreachable(self, group: str, command: dict[str, Any], timeout: float,
+                           caller: str, retry: bool, name: str, detail: str) -> dict[str, Any]:
+        """The write never left: ``name`` is unreachable (it may have just died, before
+        gossip says so).  Skip it for a while and try another voter once."""
+        self._failed[name] = time.monotonic() + FAILED_BACKOFF
+        if retry:
+            return await self._forward(group, command, timeout, caller, retry=False)
+        raise ConsensusError("no_quorum", (
+            f"no quorum in raft group {group}: no coordinator reachable from "
+            f"{self.node} (last tried {name}: {detail})"))
 
     def local_status(self) -> list[GroupStatus]:
         return [grp.status() for grp in self.groups.values()]

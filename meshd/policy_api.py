@@ -21,7 +21,7 @@ import grpc
 
 from consensus.group import GROUPS, ConsensusError
 from meshd.authz import CALLER
-from meshd.control import ControlPlane, status_pb
+from meshd.control import FOLLOW_HEARTBEAT, ControlPlane, status_pb
 from policy.document import parse_documents
 from policy.errors import PolicyError
 from policy.model import KINDS, validate_key
@@ -328,7 +328,8 @@ class ConsensusService(admin_pb2_grpc.ConsensusServicer):
                 for change in changes:
                     yield admin_pb2.FollowMessage(change_json=json.dumps(change.to_dict()))
                     at = change.version
-            await view.wait_beyond(at, 5.0)
+            if not await view.wait_beyond(at, FOLLOW_HEARTBEAT):
+                yield admin_pb2.FollowMessage()
 
     async def Status(self, request: admin_pb2.RaftStatusRequest,  # noqa: N802
                      context: grpc.aio.ServicerContext) -> admin_pb2.RaftStatusResponse:

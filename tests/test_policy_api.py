@@ -214,3 +214,36 @@ def test_apply_text_fuzz_is_invalid_argument_or_unavailable(tmp_path_factory: An
         assert msg
 
     run(tmp, body)
+
+
+@pytest.mark.parametrize("heartbeats", [True, False])
+def test_follower_drops_a_silent_coordinator(tmp_path: Path, heartbeats: bool,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partitioned coordinator never closes its Follow stream; its heartbeats stopping is
+    how a follower notices.  With heartbeats the stream is kept; without, it is dropped."""
+    import meshd.control
+    import meshd.policy_api
+    monkeypatch.setattr(meshd.control, "FOLLOW_HEARTBEAT", 0.2)
+    monkeypatch.setattr(meshd.control, "FOLLOW_SILENCE", 0.8)
+    monkeypatch.setattr(meshd.policy_api, "FOLLOW_HEARTBEAT", 0.2 if heartbeats else 60.0)
+
+    async def body(srv: Server) -> None:
+        follower = ControlPlane("b", tmp_path / "b", srv.sec, coordinator=False)
+        follower.attach(srv.swim, None, "")
+        target = ("a", f"127.0.0.1:{srv.port}")
+        monkeypatch.setattr(follower, "_pick_coordinator", lambda group: target)
+        task = asyncio.get_running_loop().create_task(follower._follow("policy"))
+        try:
+            await asyncio.sleep(2.5)
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        if heartbeats:
+            assert follower.views["policy"].source == "a"  # the stream was open and spoke
+            assert follower.follow_errors["silent"] == 0, follower.follow_errors
+        else:
+            assert follower.follow_errors["silent"] >= 1, follower.follow_errors
+            assert "a" in follower._failed  # not picked again for a while
+
+    run(tmp_path, body)
