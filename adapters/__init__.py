@@ -1,0 +1,1 @@
+"""Adapters: runtime (Triton), GPU (NVML), comm and external telemetry -> typed state."""
