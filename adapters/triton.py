@@ -1,0 +1,338 @@
+"""The Triton runtime adapter: polls one Triton server and keeps its replicas' state fresh.
+
+Three cadences, because the figures age at different speeds:
+
+* **queue** (default every 100 ms): the ``nv_inference_pending_request_count`` gauge from the
+  server's Prometheus endpoint.  ModelStatistics has only cumulative counters, so this gauge is
+  the one live queue depth Triton offers.  It doubles as the liveness probe: two polls in a row
+  that fail mark every replica not ready; the first answer after that triggers rediscovery.
+* **stats** (default every 1 s): RepositoryIndex (loads and unloads), ModelConfig for new
+  versions, and ModelStatistics, whose deltas give rates, mean queue/compute time and the SPU
+  estimate (:mod:`adapters.triton_stats`).
+* config is fetched once per model version, and again when it is reloaded.
+
+All network calls have a timeout; a failure is counted by reason and never ends the loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import logging
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from adapters.model import ReplicaState
+from adapters.triton_stats import (
+    StatsSample,
+    StatsTracker,
+    parse_pending,
+    request_bytes,
+    units_for,
+)
+
+log = logging.getLogger("meshd.adapters.triton")
+
+DOWN_AFTER = 2
+"""Failed queue polls in a row after which the server's replicas are not ready."""
+BYTES_EWMA = 0.1
+"""Weight of one observed request size in a model's mean request size."""
+
+
+class EndpointError(ValueError):
+    """A ``--triton`` value that cannot be used; the message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class TritonEndpoint:
+    """Where a Triton server is: its gRPC address, metrics URL, and the address routers use."""
+
+    grpc: str
+    metrics: str
+    advertise: str
+
+    @classmethod
+    def parse(cls, spec: str) -> TritonEndpoint:
+        """``HOST:PORT[,metrics=URL][,advertise=HOST:PORT]``; metrics default to
+        ``http://HOST:8002/metrics``, Triton's default metrics port."""
+        parts = [p.strip() for p in spec.split(",") if p.strip()]
+        if not parts:
+            raise EndpointError("empty Triton endpoint; expected HOST:PORT")
+        grpc_addr = parts[0]
+        host, sep, port = grpc_addr.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise EndpointError(f"{grpc_addr!r}: expected HOST:PORT of Triton's gRPC endpoint")
+        opts: dict[str, str] = {}
+        for p in parts[1:]:
+            key, eq, value = p.partition("=")
+            if not eq or key not in ("metrics", "advertise") or not value:
+                raise EndpointError(f"{p!r}: expected metrics=URL or advertise=HOST:PORT")
+            opts[key] = value
+        metrics = opts.get("metrics", f"http://{host}:8002/metrics")
+        url = urllib.parse.urlsplit(metrics)
+        if url.scheme != "http" or not url.hostname:
+            raise EndpointError(f"metrics={metrics!r}: expected an http:// URL")
+        return cls(grpc_addr, metrics, opts.get("advertise", grpc_addr))
+
+
+class _MetricsScraper:
+    """GET of the metrics page over one kept-alive connection, in a worker thread (stdlib
+    ``http.client``: Triton's endpoint is plain HTTP/1.1 and needs nothing more)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.path = parts.path or "/metrics"
+        self.timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+
+    def get(self) -> str:
+        for attempt in (0, 1):
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self.host, self.port,
+                                                        timeout=self.timeout)
+            try:
+                self._conn.request("GET", self.path)
+                resp = self._conn.getresponse()
+                body = resp.read()
+                if resp.status != 200:
+                    raise OSError(f"metrics: HTTP {resp.status}")
+                return body.decode("utf-8", "replace")
+            except (http.client.HTTPException, ConnectionError):
+                self.close()  # a kept-alive connection the server closed: retry once
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+@dataclass(slots=True)
+class _Model:
+    """What the adapter remembers of one model version beyond its public state."""
+
+    tracker: StatsTracker
+    request_bytes: int | None = None
+    config_seen: bool = False
+
+
+class TritonAdapter:
+    """Keeps :attr:`replicas` (by ``(model, version)``) for one Triton server."""
+
+    def __init__(self, endpoint: TritonEndpoint, *, queue_interval: float = 0.1,
+                 stats_interval: float = 1.0,
+                 on_update: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 client: Any = None) -> None:
+        self.endpoint = endpoint
+        self.queue_interval = queue_interval
+        self.stats_interval = stats_interval
+        self.on_update = on_update or (lambda: None)
+        self.clock = clock
+        self.replicas: dict[tuple[str, str], ReplicaState] = {}
+        self.errors: Counter[str] = Counter()
+        self.polls: Counter[str] = Counter()
+        self.up = False
+        self.observed_bytes: dict[str, float] = {}
+        """Mean request size per model as routers saw it (for variable-sized inputs)."""
+        self._models: dict[tuple[str, str], _Model] = {}
+        self._failed_polls = 0
+        self._failed_stats = 0
+        self._rediscover = asyncio.Event()
+        self._scraper = _MetricsScraper(endpoint.metrics, timeout=max(0.25, queue_interval))
+        self._client = client
+        self._tasks: list[asyncio.Task[None]] = []
+        self._logged: set[str] = set()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._client is None:
+            import tritonclient.grpc.aio as triton_aio
+            self._client = triton_aio.InferenceServerClient(self.endpoint.grpc)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._queue_loop()),
+                       loop.create_task(self._stats_loop())]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._client is not None:
+            await self._client.close()
+        await asyncio.to_thread(self._scraper.close)
+
+    def observe_request(self, model: str, payload_bytes: int) -> None:
+        """A router's report of a request's size: the SPU of variable-sized models uses it."""
+        mean = self.observed_bytes.get(model)
+        self.observed_bytes[model] = (float(payload_bytes) if mean is None
+                                      else mean + BYTES_EWMA * (payload_bytes - mean))
+
+    # --- queue poll (and liveness) ------------------------------------------------------
+
+    async def _queue_loop(self) -> None:
+        while True:
+            started = self.clock()
+            await self.poll_queue()
+            await asyncio.sleep(max(0.0, self.queue_interval - (self.clock() - started)))
+
+    async def poll_queue(self) -> None:
+        try:
+            text = await asyncio.to_thread(self._scraper.get)
+        except (OSError, http.client.HTTPException) as exc:
+            self._failure("metrics", exc)
+            self._failed_polls += 1
+            if self._failed_polls == DOWN_AFTER:
+                self._mark_down(f"no answer from {self.endpoint.metrics}: {exc}")
+            return
+        self.polls["queue"] += 1
+        if self._failed_polls >= DOWN_AFTER:
+            self._rediscover.set()  # back: rediscover now rather than at the next stats poll
+        self._failed_polls = 0
+        scrape = parse_pending(text)
+        if scrape.bad_lines:
+            self.errors["metrics_bad_line"] += scrape.bad_lines
+        now = self.clock()
+        changed = False
+        for key, rep in self.replicas.items():
+            queue = scrape.pending.get(key)
+            if queue is None and rep.ready:
+                queue = 0  # a loaded model without pending requests may have no sample yet
+            if queue != rep.queue:
+                rep.queue = queue
+                changed = True
+            rep.at["queue"] = now
+        if changed:
+            self.on_update()
+
+    def _mark_down(self, why: str) -> None:
+        self.up = False
+        now = self.clock()
+        for rep in self.replicas.values():
+            rep.ready = False
+            rep.queue = None
+            rep.at["ready"] = now
+        log.warning("triton not answering; its replicas are not ready", extra={
+            "event": "triton_down", "endpoint": self.endpoint.grpc, "detail": why})
+        self.on_update()
+
+    # --- discovery and statistics -------------------------------------------------------
+
+    async def _stats_loop(self) -> None:
+        while True:
+            started = self.clock()
+            await self.poll_stats()
+            remaining = self.stats_interval - (self.clock() - started)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rediscover.wait(), max(0.0, remaining))
+            self._rediscover.clear()
+
+    async def poll_stats(self) -> None:
+        timeout = max(1.0, self.stats_interval)
+        try:
+            index = await self._client.get_model_repository_index(client_timeout=timeout)
+            await self._discover(index, timeout)
+            stats = await self._client.get_inference_statistics(client_timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - tritonclient raises its own and grpc errors
+            self._failure("grpc", exc)
+            self._failed_stats += 1
+            if self._failed_stats == DOWN_AFTER and self.up:
+                self._mark_down(f"no answer from {self.endpoint.grpc}: {exc}")
+            return
+        self._failed_stats = 0
+        self.polls["stats"] += 1
+        if not self.up:
+            self.up = True
+            log.info("triton answering", extra={"event": "triton_up",
+                                                "endpoint": self.endpoint.grpc})
+        self._fold_stats(stats)
+        self.on_update()
+
+    async def _discover(self, index: Any, timeout: float) -> None:
+        now = self.clock()
+        seen: set[tuple[str, str]] = set()
+        for entry in index.models:
+            version = entry.version or "1"
+            key = (entry.name, version)
+            ready = entry.state == "READY"
+            if not ready and key not in self.replicas:
+                continue
+            seen.add(key)
+            rep = self.replicas.get(key)
+            if rep is None:
+                rep = self.replicas[key] = ReplicaState(
+                    model=entry.name, version=version, endpoint=self.endpoint.advertise)
+                self._models[key] = _Model(StatsTracker())
+            model = self._models[key]
+            if ready and (not rep.ready or not model.config_seen):
+                ready = await self._client.is_model_ready(entry.name, version,
+                                                          client_timeout=timeout)
+                if ready:
+                    await self._read_config(rep, model, timeout)
+            rep.ready = bool(ready)
+            rep.at["ready"] = now
+        for key in [k for k in self.replicas if k not in seen]:
+            del self.replicas[key]  # unloaded and gone from the repository index
+            self._models.pop(key, None)
+
+    async def _read_config(self, rep: ReplicaState, model: _Model, timeout: float) -> None:
+        resp = await self._client.get_model_config(rep.model, rep.version,
+                                                   client_timeout=timeout)
+        cfg = resp.config
+        rep.max_batch = int(cfg.max_batch_size)
+        rep.instances = max(1, sum(int(g.count) or 1 for g in cfg.instance_group))
+        rep.dynamic_batching = cfg.HasField("dynamic_batching")
+        from tritonclient.grpc import model_config_pb2 as mc
+        inputs = [(mc.DataType.Name(i.data_type), list(i.dims)) for i in cfg.input]
+        model.request_bytes = request_bytes(inputs)
+        model.config_seen = True
+
+    def _fold_stats(self, stats: Any) -> None:
+        now = self.clock()
+        for ms in stats.model_stats:
+            key = (ms.name, ms.version or "1")
+            rep, model = self.replicas.get(key), self._models.get(key)
+            if rep is None or model is None:
+                continue
+            s = ms.inference_stats
+            sample = StatsSample(
+                success_count=s.success.count, success_ns=s.success.ns,
+                fail_count=s.fail.count, queue_count=s.queue.count, queue_ns=s.queue.ns,
+                compute_count=s.compute_infer.count,
+                compute_ns=s.compute_input.ns + s.compute_infer.ns + s.compute_output.ns,
+                execution_count=ms.execution_count)
+            size = model.request_bytes
+            if size is None and rep.model in self.observed_bytes:
+                size = int(self.observed_bytes[rep.model])
+            interval = model.tracker.update(sample, now, units_for(size))
+            if interval is not None:
+                rep.rate = interval.rate
+                rep.failures = interval.failures
+                if interval.queue_seconds is not None:
+                    rep.queue_seconds = interval.queue_seconds
+                if interval.compute_seconds is not None:
+                    rep.compute_seconds = interval.compute_seconds
+            rep.spu = model.tracker.spu
+            rep.latency_ewma = model.tracker.latency
+            rep.at["stats"] = now
+
+    def _failure(self, where: str, exc: BaseException) -> None:
+        reason = f"{where}_{type(exc).__name__}"
+        self.errors[reason] += 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("triton poll failed", extra={
+                "event": "triton_poll_failed", "endpoint": self.endpoint.grpc,
+                "detail": f"{where}: {exc}"})

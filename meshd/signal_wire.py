@@ -1,0 +1,193 @@
+"""The wire form of a node's telemetry: the ``sig`` node-state section and subscription pushes.
+
+One msgpack map, rows as arrays (no per-row keys) and floats as float32, so a node with a few
+models and GPUs stays well under gossip's 1 KiB broadcast limit.  Times travel as **ages** in
+milliseconds at encoding time, never as clock readings: agents' clocks are not synchronised,
+and the receiver rebuilds "measured at" from its own clock minus the age.
+
+Decoding is strict: every field is type- and range-checked, and a section that fails is
+rejected whole with a :class:`SignalWireError` naming the field (the caller counts and drops it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from adapters.model import CommStats, GpuState, MigProfile, ReplicaState
+
+SECTION = "sig"
+"""Node-state section name."""
+MAX_REPLICAS = 1024
+MAX_GPUS = 64
+MAX_COMM = 64
+MAX_TEXT = 256
+MAX_AGE_MS = 86_400_000
+AGE_GROUPS = ("ready", "queue", "stats")
+
+
+class SignalWireError(ValueError):
+    """A telemetry section that cannot be used; the message names the bad field."""
+
+
+@dataclass(slots=True)
+class NodeSignals:
+    """Everything one node says about its runtimes, GPUs and collectives."""
+
+    epoch: int = 0
+    """Identifies one run of the publisher (a restart starts a new epoch, and its seq at 0)."""
+    seq: int = 0
+    """The publisher's sequence number in its epoch: newer wins, whichever way it came."""
+    replicas: list[ReplicaState] = field(default_factory=list)
+    gpus: list[GpuState] = field(default_factory=list)
+    comm: list[CommStats] = field(default_factory=list)
+    cpu_only: str = ""
+    """Why the node has no GPU telemetry ("" when NVML works)."""
+
+
+def _age(now: float, at: float | None) -> int:
+    if at is None or at <= 0:
+        return -1
+    return max(0, min(MAX_AGE_MS, round((now - at) * 1000)))
+
+
+def encode(sig: NodeSignals, now: float) -> bytes:
+    replicas = [[r.model, r.version, r.endpoint, r.runtime, r.ready, r.queue, r.inflight,
+                 r.instances, r.max_batch, r.dynamic_batching, r.rate, r.queue_seconds,
+                 r.compute_seconds, r.spu, r.latency_ewma, r.latency_p95, r.failures,
+                 [_age(now, r.at.get(g)) for g in AGE_GROUPS]] for r in sig.replicas]
+    gpus = [[g.uuid, g.index, g.name, g.memory_total, g.memory_free, g.sm_util, g.mem_util,
+             g.temperature_c, g.power_w, g.ecc_uncorrected, g.ecc_corrected, list(g.throttle),
+             [[m.uuid, m.profile, m.memory_total, m.memory_free] for m in g.mig],
+             _age(now, g.at)] for g in sig.gpus]
+    comm = [[c.job, c.op, c.seconds, c.bytes, c.algorithm, c.world_size, list(c.peers),
+             _age(now, c.at)] for c in sig.comm]
+    doc: dict[str, Any] = {"e": sig.epoch, "s": sig.seq, "r": replicas, "g": gpus, "c": comm}
+    if sig.cpu_only:
+        doc["x"] = sig.cpu_only
+    return bytes(msgpack.packb(doc, use_bin_type=True, use_single_float=True))
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+def _text(v: Any, where: str, empty: bool = True) -> str:
+    if not isinstance(v, str) or len(v) > MAX_TEXT or (not empty and not v):
+        raise SignalWireError(f"{where}: expected a string of 1-{MAX_TEXT} characters")
+    return v
+
+
+def _int(v: Any, where: str, lo: int = 0, hi: int = 2**63 - 1, none: bool = False) -> Any:
+    if v is None and none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise SignalWireError(f"{where}: expected an integer in [{lo}, {hi}]")
+    return v
+
+
+def _num(v: Any, where: str, hi: float = math.inf) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+            or not 0 <= v <= hi:
+        raise SignalWireError(f"{where}: expected a finite number in [0, {hi}] or nil")
+    return float(v)
+
+
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise SignalWireError(f"{where}: expected a boolean")
+    return v
+
+
+def _rows(doc: dict[str, Any], key: str, width: int, limit: int, what: str) -> list[list[Any]]:
+    rows = doc.get(key, [])
+    if not isinstance(rows, list) or len(rows) > limit:
+        raise SignalWireError(f"{what}: expected a list of at most {limit} rows")
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != width:
+            raise SignalWireError(f"{what}[{i}]: expected a row of {width} fields")
+    return rows
+
+
+def _at(age: Any, where: str, received: float) -> float:
+    a = _int(age, where, -1, MAX_AGE_MS)
+    return 0.0 if a < 0 else received - a / 1000.0
+
+
+def decode(raw: bytes, received: float) -> NodeSignals:
+    """Parse a section; ``received`` is the local monotonic time it arrived (ages -> times)."""
+    try:
+        doc = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_array_len=1 << 16,
+                              max_map_len=64, max_str_len=1 << 12, max_bin_len=0)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise SignalWireError(f"not msgpack: {exc}") from None
+    if not isinstance(doc, dict):
+        raise SignalWireError("expected a map")
+    sig = NodeSignals(epoch=_int(doc.get("e"), "e", 0, 2**32), seq=_int(doc.get("s"), "s"))
+    x = doc.get("x", "")
+    sig.cpu_only = _text(x, "x")
+    for i, r in enumerate(_rows(doc, "r", 18, MAX_REPLICAS, "r")):
+        w = f"r[{i}]"
+        ages = r[17]
+        if not isinstance(ages, list) or len(ages) != len(AGE_GROUPS):
+            raise SignalWireError(f"{w}.ages: expected {len(AGE_GROUPS)} ages")
+        rep = ReplicaState(
+            model=_text(r[0], f"{w}.model", empty=False), version=_text(r[1], f"{w}.version"),
+            endpoint=_text(r[2], f"{w}.endpoint", empty=False),
+            runtime=_text(r[3], f"{w}.runtime", empty=False), ready=_bool(r[4], f"{w}.ready"),
+            queue=_int(r[5], f"{w}.queue", 0, 2**31, none=True),
+            inflight=_int(r[6], f"{w}.inflight", 0, 2**31, none=True),
+            instances=_int(r[7], f"{w}.instances", 1, 1 << 16),
+            max_batch=_int(r[8], f"{w}.max_batch", 0, 1 << 24),
+            dynamic_batching=_bool(r[9], f"{w}.dynamic_batching"),
+            rate=_num(r[10], f"{w}.rate"), queue_seconds=_num(r[11], f"{w}.queue_seconds"),
+            compute_seconds=_num(r[12], f"{w}.compute_seconds"), spu=_num(r[13], f"{w}.spu"),
+            latency_ewma=_num(r[14], f"{w}.latency_ewma"),
+            latency_p95=_num(r[15], f"{w}.latency_p95"),
+            failures=_int(r[16], f"{w}.failures", 0, 2**31))
+        for group, age in zip(AGE_GROUPS, ages, strict=True):
+            at = _at(age, f"{w}.ages.{group}", received)
+            if at:
+                rep.at[group] = at
+        sig.replicas.append(rep)
+    for i, g in enumerate(_rows(doc, "g", 14, MAX_GPUS, "g")):
+        w = f"g[{i}]"
+        throttle, mig = g[11], g[12]
+        if not isinstance(throttle, list) or len(throttle) > 16:
+            raise SignalWireError(f"{w}.throttle: expected a list of names")
+        if not isinstance(mig, list) or len(mig) > 64 or not all(
+                isinstance(m, list) and len(m) == 4 for m in mig):
+            raise SignalWireError(f"{w}.mig: expected rows of 4 fields")
+        total = _int(g[3], f"{w}.memory_total")
+        sig.gpus.append(GpuState(
+            uuid=_text(g[0], f"{w}.uuid", empty=False), index=_int(g[1], f"{w}.index", 0, 1024),
+            name=_text(g[2], f"{w}.name"), memory_total=total,
+            memory_free=_int(g[4], f"{w}.memory_free", 0, total),
+            sm_util=_num(g[5], f"{w}.sm_util", 100), mem_util=_num(g[6], f"{w}.mem_util", 100),
+            temperature_c=_num(g[7], f"{w}.temperature_c", 1000),
+            power_w=_num(g[8], f"{w}.power_w", 1e5),
+            ecc_uncorrected=_int(g[9], f"{w}.ecc_uncorrected", none=True),
+            ecc_corrected=_int(g[10], f"{w}.ecc_corrected", none=True),
+            throttle=tuple(_text(t, f"{w}.throttle", empty=False) for t in throttle),
+            mig=tuple(MigProfile(_text(m[0], f"{w}.mig.uuid", empty=False),
+                                 _text(m[1], f"{w}.mig.profile"),
+                                 _int(m[2], f"{w}.mig.memory_total"),
+                                 _int(m[3], f"{w}.mig.memory_free")) for m in mig),
+            at=_at(g[13], f"{w}.age", received)))
+    for i, c in enumerate(_rows(doc, "c", 8, MAX_COMM, "c")):
+        w = f"c[{i}]"
+        peers = c[6]
+        if not isinstance(peers, list) or len(peers) > 4096:
+            raise SignalWireError(f"{w}.peers: expected a list of node names")
+        sig.comm.append(CommStats(
+            job=_text(c[0], f"{w}.job", empty=False), op=_text(c[1], f"{w}.op", empty=False),
+            seconds=_num(c[2], f"{w}.seconds") or 0.0, bytes=_int(c[3], f"{w}.bytes"),
+            algorithm=_text(c[4], f"{w}.algorithm"),
+            world_size=_int(c[5], f"{w}.world_size", 0, 1 << 20),
+            peers=tuple(_text(p, f"{w}.peers", empty=False) for p in peers),
+            at=_at(c[7], f"{w}.age", received)))
+    return sig

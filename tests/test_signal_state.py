@@ -1,0 +1,166 @@
+"""The telemetry section (wire form, strict decoding, fuzz), the gossip publication gate, and
+the fused view (newest copy wins, ages from the local clock, local observations)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adapters.model import CommStats, GpuState, MigProfile, ReplicaState
+from meshd.fused import FusedState
+from meshd.signal_publish import PublishConfig, PublishGate, material
+from meshd.signal_wire import NodeSignals, SignalWireError, decode, encode
+
+
+def replica(model: str = "m", queue: int | None = 3, ready: bool = True, spu: float = 0.002,
+            at: float = 99.5) -> ReplicaState:
+    return ReplicaState(model=model, version="1", endpoint="10.0.0.1:8001", ready=ready,
+                        queue=queue, instances=2, max_batch=8, dynamic_batching=True,
+                        rate=120.0, queue_seconds=0.001, compute_seconds=0.004, spu=spu,
+                        latency_ewma=0.005, failures=0,
+                        at={"ready": at - 1, "queue": at, "stats": at - 0.5})
+
+
+def gpu(free: int = 10 << 30, ecc: int = 0, throttle: tuple[str, ...] = ()) -> GpuState:
+    return GpuState(uuid="GPU-1", index=0, name="A100", memory_total=40 << 30,
+                    memory_free=free, sm_util=50.0, mem_util=20.0, temperature_c=60.0,
+                    power_w=250.0, ecc_uncorrected=ecc, ecc_corrected=0, throttle=throttle,
+                    mig=(MigProfile("MIG-1", "1g.5gb", 5 << 30, 4 << 30),), at=99.0)
+
+
+def signals(*reps: ReplicaState, seq: int = 1, gpus: tuple[GpuState, ...] = ()) -> NodeSignals:
+    return NodeSignals(epoch=7, seq=seq, replicas=list(reps), gpus=list(gpus),
+                       comm=[CommStats("job", "all_reduce", 0.02, 1 << 20, "ring", 4,
+                                       ("a", "b"), at=98.0)])
+
+
+def test_round_trip_keeps_values_and_turns_ages_into_local_times() -> None:
+    sig = signals(replica(), replica("n", queue=None), gpus=(gpu(),))
+    raw = encode(sig, now=100.0)
+    back = decode(raw, received=500.0)
+    assert back.epoch == 7 and back.seq == 1
+    r = back.replicas[0]
+    assert (r.model, r.version, r.endpoint, r.ready, r.queue, r.instances, r.max_batch,
+            r.dynamic_batching) == ("m", "1", "10.0.0.1:8001", True, 3, 2, 8, True)
+    assert r.spu == pytest.approx(0.002, rel=1e-6)  # float32 on the wire
+    assert r.at["queue"] == pytest.approx(499.5) and r.at["ready"] == pytest.approx(498.5)
+    assert back.replicas[1].queue is None
+    g = back.gpus[0]
+    assert g.memory_free == 10 << 30 and g.mig[0].profile == "1g.5gb"
+    assert g.at == pytest.approx(499.0)
+    assert back.comm[0].peers == ("a", "b") and back.comm[0].at == pytest.approx(498.0)
+
+
+def test_a_few_replicas_and_a_gpu_fit_a_gossip_broadcast() -> None:
+    sig = signals(*(replica(f"model-{i}") for i in range(4)), gpus=(gpu(),))
+    assert len(encode(sig, 100.0)) < 700
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["r"][0].__setitem__(0, ""), "r[0].model"),
+    (lambda d: d["r"][0].__setitem__(5, -1), "r[0].queue"),
+    (lambda d: d["r"][0].__setitem__(13, float("nan")), "r[0].spu"),
+    (lambda d: d["r"][0].__setitem__(4, 1), "r[0].ready"),
+    (lambda d: d["r"][0].__setitem__(7, 0), "r[0].instances"),
+    (lambda d: d["r"][0].pop(), "r[0]"),
+    (lambda d: d["g"][0].__setitem__(4, 50 << 30), "g[0].memory_free"),
+    (lambda d: d["g"][0].__setitem__(5, 101.0), "g[0].sm_util"),
+    (lambda d: d.__setitem__("s", -1), "s"),
+    (lambda d: d["c"][0].__setitem__(1, 5), "c[0].op"),
+])
+def test_bad_fields_are_named(mutate: object, field: str) -> None:
+    doc = msgpack.unpackb(encode(signals(replica(), gpus=(gpu(),)), 100.0), raw=False)
+    mutate(doc)  # type: ignore[operator]
+    with pytest.raises(SignalWireError) as err:
+        decode(msgpack.packb(doc, use_bin_type=True), 0.0)
+    assert str(err.value).startswith(field), err.value
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=600))
+def test_decode_fuzz_only_raises_wire_errors(raw: bytes) -> None:
+    try:
+        decode(raw, 0.0)
+    except SignalWireError:
+        pass
+
+
+@settings(max_examples=200)
+@given(st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats()
+                    | st.text(max_size=5),
+                    lambda kids: st.lists(kids, max_size=20)
+                    | st.dictionaries(st.sampled_from("sercgx"), kids, max_size=6),
+                    max_leaves=60))
+def test_decode_fuzz_structured(doc: object) -> None:
+    try:
+        decode(msgpack.packb(doc, use_bin_type=True), 0.0)
+    except SignalWireError:
+        pass
+
+
+# --- the publication gate -----------------------------------------------------------------
+
+
+def test_material_changes() -> None:
+    cfg = PublishConfig()
+    base = signals(replica(queue=10), gpus=(gpu(),))
+    assert material(None, base, cfg) == "first"
+    assert material(base, signals(replica(queue=11), gpus=(gpu(),)), cfg) is None
+    assert material(base, signals(replica(queue=13), gpus=(gpu(),)), cfg) == "queue"
+    assert material(base, signals(replica(queue=10, ready=False), gpus=(gpu(),)),
+                    cfg) == "ready"
+    assert material(base, signals(replica(queue=10, spu=0.0021), gpus=(gpu(),)), cfg) is None
+    assert material(base, signals(replica(queue=10, spu=0.003), gpus=(gpu(),)), cfg) == "spu"
+    assert material(base, signals(replica(queue=10), replica("x"), gpus=(gpu(),)),
+                    cfg) == "replicas"
+    assert material(base, signals(replica(queue=10), gpus=(gpu(free=1 << 30),)),
+                    cfg) == "gpu_memory"
+    assert material(base, signals(replica(queue=10), gpus=(gpu(ecc=1),)), cfg) == "gpu_health"
+    assert material(base, signals(replica(queue=10), gpus=(gpu(throttle=("hw_thermal",)),)),
+                    cfg) == "gpu_health"
+
+
+def test_gate_rate_limits_material_and_refreshes_the_rest() -> None:
+    gate = PublishGate(PublishConfig(min_interval=0.5, refresh=5.0))
+    assert gate.offer(signals(replica(queue=0)), now=0.0) == "first"
+    assert gate.offer(signals(replica(queue=50)), now=0.1) is None  # too soon
+    assert gate.offer(signals(replica(queue=50)), now=0.6, changed=False) == "queue"
+    assert gate.offer(signals(replica(queue=51)), now=1.0) is None  # not material
+    assert gate.offer(signals(replica(queue=51)), now=5.0, changed=False) is None
+    assert gate.offer(signals(replica(queue=51)), now=6.1, changed=False) == "refresh"
+    assert gate.offer(signals(replica(queue=51)), now=20.0, changed=False) is None  # nothing new
+    assert gate.reasons == {"first": 1, "queue": 1, "refresh": 1}
+
+
+# --- the fused view -----------------------------------------------------------------------
+
+
+def test_newest_copy_wins_whichever_path() -> None:
+    f = FusedState("me", flags_of=lambda n: ["cordoned"] if n == "b" else [])
+    assert f.update("b", signals(replica(queue=5), seq=10), "stream", now=100.0)
+    assert not f.update("b", signals(replica(queue=1), seq=8), "gossip", now=100.2)
+    assert f.stale_drops == 1
+    [r] = f.replicas(now=101.0)
+    assert r.node == "b" and r.state.queue == 5 and r.via == "stream"
+    assert r.flags == ["cordoned"]
+    assert r.ages["queue"] == pytest.approx(1.5)  # measured at 99.5
+    restarted = signals(replica(queue=2), seq=1)
+    restarted.epoch = 8
+    assert f.update("b", restarted, "gossip", now=102.0)  # a new run of the publisher
+    assert f.replicas(now=102.0)[0].state.queue == 2
+
+
+def test_observations_track_inflight_and_latency() -> None:
+    f = FusedState("me")
+    f.update("b", signals(replica()), "gossip", now=100.0)
+    key = replica().key
+    f.observe_start(key, 100.0)
+    f.observe_start(key, 100.0)
+    f.observe_outcome(key, 0.010, True, 100.1)
+    f.observe_outcome(key, 0.5, False, 100.2)
+    [r] = f.replicas(now=100.3, model="m")
+    assert r.observed.inflight == 0 and r.observed.outcomes == 2 and r.observed.failures == 1
+    assert r.observed.latency_ewma == pytest.approx(0.010)
+    assert f.replicas(now=100.3, model="other") == []
