@@ -24,7 +24,9 @@ from meshd.coordinates import CoordinatePlane
 from meshd.policy_api import NODE_ONLY, ConsensusService, PolicyAdmin
 from meshd.rbac import AuditLog, JwtVerifier, Policy
 from meshd.security import Security, SecurityError, key_fingerprint
-from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
+from meshd.signals import SignalPlane
+from meshd.state_api import StatePlaneService
+from proto.mesh.v1 import admin_pb2, admin_pb2_grpc, state_pb2_grpc
 from topology.coordinate import Coordinate
 from topology.estimate import Estimate
 
@@ -42,17 +44,20 @@ def estimate_pb(est: Estimate) -> admin_pb2.RttEstimate:
 
 
 READ_ONLY = ("Members", "Rtt", "Whoami", "KeysList", "PolicyGet", "PolicyList", "RaftStatus",
-             "SubscribeEvents")
+             "SubscribeEvents", "State")
+STATE_REPORTS = ("ReportModelState", "ReportGpuState", "ReportCommStats")
+"""StatePlane feeds: runtimes' exporters run as operators or with a node certificate."""
 OPERATIONAL: tuple[str, ...] = ("Cordon", "Uncordon", "Drain", "Quarantine", "PolicyApply",
-                                "PolicyDelete")
+                                "PolicyDelete", *STATE_REPORTS)
 ADMIN_ONLY = ("KeysChange", "TokenCreate", "Revoke")
-METHODS = READ_ONLY + OPERATIONAL + ADMIN_ONLY + NODE_ONLY
+NODE_METHODS = (*NODE_ONLY, "Subscribe", *STATE_REPORTS)
+METHODS = tuple(dict.fromkeys(READ_ONLY + OPERATIONAL + ADMIN_ONLY + NODE_METHODS))
 """Every admin method by what it may change; the default policy is built from these lists."""
 KEY_ACK_POLL = 0.1
 
 
 def default_policy() -> Policy:
-    return Policy.default(READ_ONLY, OPERATIONAL, NODE_ONLY)
+    return Policy.default(READ_ONLY, OPERATIONAL, NODE_METHODS)
 
 
 class AdminService(PolicyAdmin, admin_pb2_grpc.AdminServicer):
@@ -246,7 +251,8 @@ def build_authorizer(security: Security, *, policy_file: str = "", jwt_jwks: str
 
 async def serve(swim: Swim, clock: object, host: str, port: int, *,
                 coordinates: CoordinatePlane, security: Security,
-                authorizer: Authorizer, control: ControlPlane) -> grpc.aio.Server:
+                authorizer: Authorizer, control: ControlPlane,
+                signals: SignalPlane | None = None) -> grpc.aio.Server:
     # gRPC enables SO_REUSEPORT by default: a second agent could then bind the same admin port
     # and the kernel would split meshctl's connections between the two.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
@@ -254,6 +260,8 @@ async def serve(swim: Swim, clock: object, host: str, port: int, *,
     admin_pb2_grpc.add_AdminServicer_to_server(
         AdminService(swim, clock, coordinates, security, control), server)
     admin_pb2_grpc.add_ConsensusServicer_to_server(ConsensusService(control), server)
+    if signals is not None:
+        state_pb2_grpc.add_StatePlaneServicer_to_server(StatePlaneService(signals), server)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_secure_port(

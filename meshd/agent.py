@@ -18,6 +18,7 @@ import socket
 import time
 from pathlib import Path
 
+from adapters.triton import TritonEndpoint
 from certs.ca import CaError
 from consensus.group import WAN_TIMING, Timing
 from gossip.config import Config
@@ -34,6 +35,8 @@ from meshd.metrics import AgentMetrics
 from meshd.rbac import KeyLoadError, PolicyError
 from meshd.security import EnrollmentRefused, Security, SecurityError
 from meshd.settings import DEFAULT_RAFT_PORT, Settings, parse_hostport
+from meshd.signal_wire import SECTION as SIGNALS_SECTION
+from meshd.signals import SignalPlane
 from topology.zones import Place
 
 log = logging.getLogger("meshd.agent")
@@ -136,6 +139,10 @@ class Agent:
                                  trust_domain=settings.trust_domain, encrypt=settings.encrypt,
                                  cert_lifetime=settings.cert_lifetime)
         self._publish_now = asyncio.Event()
+        self.signals = SignalPlane(
+            settings.node, triton=[TritonEndpoint.parse(t) for t in settings.triton],
+            gpu=settings.gpu != "off", queue_interval=settings.queue_interval,
+            stats_interval=settings.stats_interval, flags_of=self._flags_of)
         self.control = ControlPlane(
             settings.node, Path(settings.data_path()), self.security,
             coordinator="coordinator" in settings.roles, expect=settings.bootstrap_expect,
@@ -234,6 +241,7 @@ class Agent:
         sec.changed = self._publish_now.set
         self.control.attach(swim, raft, raft_bind if raft is not None else "")
         self.control.changed = self._publish_now.set
+        self.signals.changed = self._publish_now.set
         sec.build_authority(name_in_use=lambda n: n != swim.name and (
             (m := swim.member(n)) is not None and m.live))
         self.metrics = AgentMetrics(swim, self.coordinates, sec, self.control)
@@ -252,7 +260,8 @@ class Agent:
         try:
             self._admin = await admin.serve(swim, loop.time, admin_host, admin_port,
                                             coordinates=self.coordinates, security=sec,
-                                            authorizer=authorizer, control=self.control)
+                                            authorizer=authorizer, control=self.control,
+                                            signals=self.signals)
             if metrics_addr:
                 self.metrics.serve(*metrics_addr)
         except OSError as exc:
@@ -272,6 +281,8 @@ class Agent:
         publisher = asyncio.create_task(self._publish_loop())
         renewer = asyncio.create_task(sec.renew_loop())
         controller = asyncio.create_task(self.control.run())
+        await self.signals.start()
+        follower = asyncio.create_task(self._follow_signals())
         await asyncio.wait({joiner, stopper}, return_when=asyncio.FIRST_COMPLETED)
         code = 0
         if joiner.done() and joiner.exception() is not None:
@@ -285,6 +296,7 @@ class Agent:
         publisher.cancel()
         renewer.cancel()
         controller.cancel()
+        follower.cancel()
         await self._shutdown(leave=code == 0)
         return code
 
@@ -350,6 +362,7 @@ class Agent:
             elif ev.kind in (EventKind.LEFT, EventKind.REAP):
                 self.coordinates.forget(m.name)
                 self.security.forget(m.name)
+                self.signals.forget(m.name)
         if persist:
             self._save_state()
 
@@ -371,6 +384,27 @@ class Agent:
             self.coordinates.learned(name, coord)
         self.security.learn(name, sections)
         self.control.learn(name, sections)
+        self.signals.learn(name, sections)
+
+    def _flags_of(self, name: str) -> list[str]:
+        return self.control.flags_of(name)
+
+    async def _follow_signals(self) -> None:
+        """Keep Subscribe streams to the peers ``--subscribe`` names (``*``: every peer whose
+        gossiped telemetry lists replicas)."""
+        wanted = set(self.settings.subscribe)
+        if not wanted or self.swim is None:
+            return
+
+        def want(name: str) -> bool:
+            if name in wanted:
+                return True
+            entry = self.signals.fused.nodes.get(name)
+            return "*" in wanted and entry is not None and bool(entry.signals.replicas)
+
+        while True:
+            self.signals.follow(self.swim, self.security, want)
+            await asyncio.sleep(1.0)
 
     def _place_of(self, name: str) -> Place | None:
         m = self.swim.member(name) if self.swim is not None else None
@@ -389,6 +423,9 @@ class Agent:
             raft = self.control.section()
             if raft is not None:
                 self._state.set(RAFT_SECTION, raft)
+            sig = self.signals.section()
+            if sig is not None:
+                self._state.set(SIGNALS_SECTION, sig)
             blob = self._state.take()
             if blob is not None:
                 self.swim.publish_state(blob, now)
@@ -431,6 +468,7 @@ class Agent:
             if self._authorizer is not None:
                 self._authorizer.audit.close()
         await self.control.close(leave=leave)
+        await self.signals.close()
         if self.metrics is not None:
             self.metrics.close()
         if self.transport is not None:

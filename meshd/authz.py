@@ -121,7 +121,19 @@ class AuthzInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_stream_rpc_method_handler(
                 guarded_stream, request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
-        # Client- and bidi-streaming methods are refused until they get the same guard.
+        if handler.stream_unary is not None:
+            inner_client_stream = handler.stream_unary
+
+            async def guarded_client_stream(requests: AsyncIterator[Any],
+                                            context: grpc.aio.ServicerContext) -> Any:
+                principal, peer = await _admit(authz, method, context)
+                with _acting(authz, method, principal, peer, context):
+                    return await inner_client_stream(requests, context)
+
+            return grpc.stream_unary_rpc_method_handler(
+                guarded_client_stream, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        # Bidirectional streaming methods are refused until one needs the same guard.
         async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED,
                                 f"{method}: streaming requests are not served")

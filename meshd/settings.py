@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.triton import EndpointError, TritonEndpoint
 from gossip.keyring import KeyringError, decode_key
 from gossip.state import ROLES, Addr
 
@@ -92,6 +93,18 @@ class Settings:
     default: the advertise address, port 7950."""
     raft_timing: str = ""
     """Raft timings: lan (default for lan/local profiles) or wan (default for the wan profile)."""
+    triton: list[str] = field(default_factory=list)
+    """Triton servers to poll: ``HOST:PORT[,metrics=URL][,advertise=HOST:PORT]`` each (gRPC
+    address; metrics default to port 8002 of the same host; advertise is what routers dial)."""
+    gpu: str = "auto"
+    """``auto``: read GPUs through NVML (CPU-only mode without a driver); ``off``: never."""
+    queue_interval: float = 0.1
+    """Seconds between polls of each runtime's queue depth."""
+    stats_interval: float = 1.0
+    """Seconds between polls of each runtime's statistics and model repository."""
+    subscribe: list[str] = field(default_factory=list)
+    """Peers whose telemetry to receive pushed (fresher than gossip): node names, or ``*`` for
+    every peer that serves models."""
 
     # --- derived ---------------------------------------------------------------------------
 
@@ -159,6 +172,16 @@ class Settings:
             parse_hostport(self.raft, DEFAULT_RAFT_PORT, "raft")
         if self.raft_timing not in ("", "lan", "wan"):
             raise SettingsError(f"raft_timing: {self.raft_timing!r} is not one of lan, wan")
+        for spec in self.triton:
+            try:
+                TritonEndpoint.parse(spec)
+            except EndpointError as exc:
+                raise SettingsError(f"triton: {exc}") from None
+        if self.gpu not in ("auto", "off"):
+            raise SettingsError(f"gpu: {self.gpu!r} is not one of auto, off")
+        for name in ("queue_interval", "stats_interval"):
+            if not 0.01 <= getattr(self, name) <= 60.0:
+                raise SettingsError(f"{name}: must be 0.01 .. 60 seconds")
         if self.retry_max < 0 or self.retry_interval <= 0:
             raise SettingsError("retry: retry_max must be >= 0 and retry_interval > 0")
 
@@ -210,16 +233,18 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
     return tags
 
 
-_LISTS = {"join", "roles"}
+_LISTS = {"join", "roles", "subscribe"}
 _BOOLS = {"retry_join", "dev"}
 _INTS = {"retry_max", "bootstrap_expect"}
-_FLOATS = {"retry_interval", "cert_lifetime"}
+_FLOATS = {"retry_interval", "cert_lifetime", "queue_interval", "stats_interval"}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     try:
         if name in _LISTS:
             return _split_list(value)
+        if name == "triton":  # its items hold commas: a list, or whitespace-separated
+            return [str(v) for v in value] if isinstance(value, list) else str(value).split()
         if name == "tags":
             if isinstance(value, dict):
                 return {str(k): str(v) for k, v in value.items()}
@@ -278,6 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
       help="coordinators: form the Raft groups once N coordinators see each other")
     a("--raft", metavar="ADDR:PORT", help="Raft address of the first group (default port 7950)")
     a("--raft-timing", choices=["lan", "wan"], help="Raft timings (default: from --profile)")
+    a("--triton", action="append", metavar="HOST:PORT[,metrics=URL][,advertise=HOST:PORT]",
+      help="a Triton server to poll (repeatable)")
+    a("--gpu", choices=["auto", "off"], help="GPU telemetry through NVML (default auto)")
+    a("--queue-interval", type=float, metavar="SECONDS", help="runtime queue poll (0.1)")
+    a("--stats-interval", type=float, metavar="SECONDS", help="runtime statistics poll (1.0)")
+    a("--subscribe", action="append", metavar="NODE|*",
+      help="receive these peers' telemetry pushed, not only by gossip (repeatable)")
     return p
 
 

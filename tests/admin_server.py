@@ -15,6 +15,7 @@ from meshd import admin
 from meshd.control import ControlPlane
 from meshd.coordinates import CoordinatePlane
 from meshd.security import Security
+from meshd.signals import SignalPlane
 
 
 def dev_security(directory: Path, node: str) -> Security:
@@ -25,7 +26,7 @@ def dev_security(directory: Path, node: str) -> Security:
 
 async def start_admin(swim: Swim, clock: object, plane: CoordinatePlane, sec: Security,
                       port: int, control: ControlPlane | None = None,
-                      **authz: Any) -> grpc.aio.Server:
+                      signals: SignalPlane | None = None, **authz: Any) -> grpc.aio.Server:
     """The admin server; without ``control`` a control plane with no coordinators (its
     policy copies stay empty and writes fail with UNAVAILABLE)."""
     authz.setdefault("audit_log", str(sec.dir / "audit.log"))
@@ -34,7 +35,8 @@ async def start_admin(swim: Swim, clock: object, plane: CoordinatePlane, sec: Se
         control = ControlPlane(swim.name, sec.dir, sec, coordinator=False)
         control.attach(swim, None, "")
     return await admin.serve(swim, clock, "127.0.0.1", port, coordinates=plane,
-                             security=sec, authorizer=authorizer, control=control)
+                             security=sec, authorizer=authorizer, control=control,
+                             signals=signals)
 
 
 def admin_channel(sec: Security, port: int, ident: Identity | None = None) -> grpc.aio.Channel:
