@@ -17,7 +17,7 @@ from certs import tls
 from certs.ca import CaError, CertificateAuthority
 from certs.identity import Identity, IdentityError, load_pem_certs
 from certs.spiffe import SpiffeError, SpiffeId
-from meshd import ctl_policy
+from meshd import ctl_policy, ctl_state
 from meshd.rbac import ACCESS_ROLES
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
@@ -289,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     cis.add_argument("--out", required=True, help="directory for key.pem, cert.pem, bundle.pem")
     cis.set_defaults(func=cert_issue, offline=True)
     ctl_policy.add_commands(sub)
+    ctl_state.add_commands(sub)
     return p
 
 
@@ -326,6 +327,7 @@ def _run(argv: list[str] | None) -> int:
         if metadata:
             channel = grpc.intercept_channel(channel, _Metadata(metadata))
         stub = admin_pb2_grpc.AdminStub(channel)
+        args.channel = channel  # for commands of other services (e.g. state)
         try:
             return int(args.func(stub, args))
         except grpc.RpcError as exc:
