@@ -244,7 +244,8 @@ class Agent:
         self.signals.changed = self._publish_now.set
         sec.build_authority(name_in_use=lambda n: n != swim.name and (
             (m := swim.member(n)) is not None and m.live))
-        self.metrics = AgentMetrics(swim, self.coordinates, sec, self.control)
+        self.metrics = AgentMetrics(swim, self.coordinates, sec, self.control,
+                                    self.signals)
         transport.on_rtts = self.metrics.observe_rtts
         transport.attach(swim)
         self._data.save(swim.incarnation, list(saved.get("peers", []) or []))  # type: ignore[call-overload]

@@ -17,6 +17,7 @@ from gossip.state import Status
 from meshd.control import ControlPlane
 from meshd.coordinates import CoordinatePlane
 from meshd.security import Security
+from meshd.signals import SignalPlane
 from topology.client import REJECT_REASONS
 from topology.wire import DECODE_REASONS
 
@@ -246,12 +247,110 @@ class ConsensusCollector(Collector):
         yield errors
 
 
+class SignalCollector(Collector):
+    """Runtime replicas and GPUs on this node, and how the signal plane is doing."""
+
+    def __init__(self, node: str, signals: SignalPlane) -> None:
+        self.node = node
+        self.signals = signals
+
+    def collect(self) -> Iterator[Metric]:
+        n, sp = self.node, self.signals
+        now = sp.clock()
+        rl = ["node", "model", "revision", "runtime"]
+        ready = GaugeMetricFamily("meshd_runtime_replica_ready", "1 when the replica is ready",
+                                  labels=rl)
+        queue = GaugeMetricFamily("meshd_runtime_queue_requests",
+                                  "Requests waiting in the runtime's queue", labels=rl)
+        spu = GaugeMetricFamily("meshd_runtime_spu_seconds",
+                                "Seconds of compute per 32 KiB work unit (EWMA)", labels=rl)
+        latency = GaugeMetricFamily("meshd_runtime_latency_seconds",
+                                    "Mean server-side latency per request (EWMA)", labels=rl)
+        age = GaugeMetricFamily("meshd_runtime_queue_age_seconds",
+                                "Age of the queue figure this node holds", labels=rl)
+        for r in sp.current.replicas:
+            labels = [n, r.model, r.version, r.runtime]
+            ready.add_metric(labels, int(r.ready))
+            if r.queue is not None:
+                queue.add_metric(labels, r.queue)
+            if r.spu is not None:
+                spu.add_metric(labels, r.spu)
+            if r.latency_ewma is not None:
+                latency.add_metric(labels, r.latency_ewma)
+            if "queue" in r.at:
+                age.add_metric(labels, max(0.0, now - r.at["queue"]))
+        yield from (ready, queue, spu, latency, age)
+        polls = CounterMetricFamily("meshd_runtime_polls", "Successful runtime polls",
+                                    labels=["node", "runtime", "endpoint", "kind"])
+        errors = CounterMetricFamily("meshd_runtime_poll_errors", "Failed runtime polls",
+                                     labels=["node", "runtime", "endpoint", "reason"])
+        up = GaugeMetricFamily("meshd_runtime_up", "1 when the runtime answers",
+                               labels=["node", "runtime", "endpoint"])
+        for a in sp.triton:
+            ep = a.endpoint.grpc
+            up.add_metric([n, "triton", ep], int(a.up))
+            for kind, count in a.polls.items():
+                polls.add_metric([n, "triton", ep, kind], count)
+            for reason, count in a.errors.items():
+                errors.add_metric([n, "triton", ep, reason], count)
+        yield from (polls, errors, up)
+        cpu_only = GaugeMetricFamily("meshd_gpu_cpu_only",
+                                     "1 when this node has no GPU telemetry (no NVML driver)",
+                                     labels=["node"])
+        cpu_only.add_metric([n], int(bool(sp.current.cpu_only)))
+        yield cpu_only
+        gl = ["node", "gpu_uuid"]
+        gauges = {name: GaugeMetricFamily(name, doc, labels=gl) for name, doc in (
+            ("meshd_gpu_memory_free_bytes", "Free GPU memory"),
+            ("meshd_gpu_memory_total_bytes", "Total GPU memory"),
+            ("meshd_gpu_sm_utilization_ratio", "Fraction of time a kernel ran (0-1)"),
+            ("meshd_gpu_temperature_celsius", "GPU temperature"),
+            ("meshd_gpu_power_watts", "GPU power draw"),
+            ("meshd_gpu_ecc_uncorrected_errors", "Volatile uncorrected ECC errors"),
+            ("meshd_gpu_throttled", "1 when a clock-throttle reason worth acting on is active"))}
+        for g in sp.current.gpus:
+            labels = [n, g.uuid]
+            for name, value in (("meshd_gpu_memory_free_bytes", g.memory_free),
+                                ("meshd_gpu_memory_total_bytes", g.memory_total),
+                                ("meshd_gpu_sm_utilization_ratio",
+                                 None if g.sm_util is None else g.sm_util / 100),
+                                ("meshd_gpu_temperature_celsius", g.temperature_c),
+                                ("meshd_gpu_power_watts", g.power_w),
+                                ("meshd_gpu_ecc_uncorrected_errors", g.ecc_uncorrected),
+                                ("meshd_gpu_throttled", int(bool(g.throttle)))):
+                if value is not None:
+                    gauges[name].add_metric(labels, value)
+        yield from gauges.values()
+        pubs = CounterMetricFamily("meshd_signal_publications",
+                                   "Telemetry published through gossip, by why",
+                                   labels=["node", "reason"])
+        for reason, count in sp.gate.reasons.items():
+            pubs.add_metric([n, reason], count)
+        rejected = CounterMetricFamily("meshd_signal_rejected",
+                                       "Telemetry from peers or runtimes dropped, by reason",
+                                       labels=["node", "reason"])
+        for reason, count in sp.rejected.items():
+            rejected.add_metric([n, reason], count)
+        known = GaugeMetricFamily("meshd_signal_nodes_known",
+                                  "Nodes whose telemetry this node holds, by path",
+                                  labels=["node", "via"])
+        vias: dict[str, int] = {}
+        for entry in sp.fused.nodes.values():
+            vias[entry.via] = vias.get(entry.via, 0) + 1
+        for via, count in vias.items():
+            known.add_metric([n, via], count)
+        yield from (pubs, rejected, known)
+
+
 class AgentMetrics:
     """The agent's registry: gossip and topology collectors plus histograms."""
 
     def __init__(self, swim: Swim, coordinates: CoordinatePlane, security: Security,
-                 control: ControlPlane | None = None) -> None:
+                 control: ControlPlane | None = None,
+                 signals: SignalPlane | None = None) -> None:
         self.registry = CollectorRegistry()
+        if signals is not None:
+            self.registry.register(SignalCollector(swim.name, signals))
         self.write_seconds = Histogram(
             "meshd_consensus_write_seconds",
             "Time from a write entering this node to its commit (path: local or forwarded)",

@@ -8,7 +8,6 @@ buggy exporter is told exactly what is wrong instead of poisoning routing decisi
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -114,8 +113,6 @@ def _or(value: float | int | None, unknown: float = -1) -> float:
 class StatePlaneService(state_pb2_grpc.StatePlaneServicer):
     def __init__(self, plane: SignalPlane) -> None:
         self.plane = plane
-        self.rejected: Counter[str] = Counter()
-        """Invalid deltas, by method."""
 
     async def _report(self, method: str, requests: AsyncIterator[Any],
                       context: grpc.aio.ServicerContext,
@@ -125,7 +122,7 @@ class StatePlaneService(state_pb2_grpc.StatePlaneServicer):
             try:
                 apply(delta, self.plane.clock())
             except DeltaError as exc:
-                self.rejected[method] += 1
+                self.plane.rejected[f"invalid_{method}"] += 1
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"delta {accepted}: {exc} ({accepted} accepted before it)")
             accepted += 1
