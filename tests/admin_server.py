@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import grpc
 
 from certs import tls
 from certs.identity import Identity
+from certs.spiffe import SpiffeId
 from gossip.protocol import Swim
 from meshd import admin
 from meshd.control import ControlPlane
@@ -43,3 +45,19 @@ def admin_channel(sec: Security, port: int, ident: Identity | None = None) -> gr
     """An aio channel presenting ``ident`` (default: the dev admin client identity)."""
     ident = ident or Identity.load(sec.dir / "meshctl")
     return tls.grpc_channel(f"127.0.0.1:{port}", ident, aio=True)  # type: ignore[return-value]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mint(sec: Security, out_dir: Path, name: str, roles: list[str],
+         kind: str = "user") -> Identity:
+    """An identity signed by ``sec``'s dev CA (a person by default, or ``kind="node"``)."""
+    ca = sec.ca
+    assert ca is not None
+    out = out_dir / f"id-{kind}-{name}"
+    ca.mint(SpiffeId(ca.trust_domain, kind, name), roles).save(out)  # type: ignore[arg-type]
+    return Identity.load(out)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from certs.identity import Identity
-from certs.spiffe import SpiffeId
 from gossip.config import Config
 from gossip.protocol import Swim
 from gossip.state import NodeMeta
 from meshd.control import ControlPlane
 from meshd.coordinates import CoordinatePlane
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
-from tests.admin_server import admin_channel, dev_security, start_admin
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.admin_server import admin_channel, dev_security, free_port, mint, start_admin
 
 
 class Server:
@@ -44,7 +36,7 @@ class Server:
         self.sec = dev_security(self.tmp / "a", "a")
         self.control = ControlPlane("a", self.sec.dir, self.sec, coordinator=False)
         self.control.attach(self.swim, None, "")
-        self.port = _free_port()
+        self.port = free_port()
         self.server = await start_admin(self.swim, lambda: 0.0,
                                         CoordinatePlane("a", place_of=lambda n: None), self.sec,
                                         self.port, control=self.control)
@@ -54,11 +46,7 @@ class Server:
         await self.server.stop(0)
 
     def mint(self, name: str, roles: list[str], kind: str = "user") -> Identity:
-        ca = self.sec.ca
-        assert ca is not None
-        out = self.tmp / f"id-{kind}-{name}"
-        ca.mint(SpiffeId(ca.trust_domain, kind, name), roles).save(out)  # type: ignore[arg-type]
-        return Identity.load(out)
+        return mint(self.sec, self.tmp, name, roles, kind)
 
     async def call(self, method: str, request: Any, ident: Identity | None = None,
                    service: str = "Admin") -> Any:

@@ -5,7 +5,6 @@ and get every change pushed, and State shows the fused view with ages."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from certs.identity import Identity
-from certs.spiffe import SpiffeId
 from gossip.config import Config
 from gossip.protocol import Swim
 from gossip.state import NodeMeta
@@ -25,13 +23,7 @@ from meshd.signal_wire import decode
 from meshd.signals import SignalPlane
 from meshd.state_api import DeltaError, replica_from
 from proto.mesh.v1 import state_pb2, state_pb2_grpc
-from tests.admin_server import admin_channel, dev_security, start_admin
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.admin_server import admin_channel, dev_security, free_port, mint, start_admin
 
 
 class Node:
@@ -44,7 +36,7 @@ class Node:
         self.sec = dev_security(self.tmp / "a", "a")
         self.plane = SignalPlane("a", gpu=False)
         await self.plane.start()
-        self.port = _free_port()
+        self.port = free_port()
         self.server = await start_admin(self.swim, lambda: 0.0,
                                         CoordinatePlane("a", place_of=lambda n: None), self.sec,
                                         self.port, signals=self.plane)
@@ -55,11 +47,7 @@ class Node:
         await self.plane.close()
 
     def mint(self, name: str, roles: list[str], kind: str = "user") -> Identity:
-        ca = self.sec.ca
-        assert ca is not None
-        out = self.tmp / f"id-{kind}-{name}"
-        ca.mint(SpiffeId(ca.trust_domain, kind, name), roles).save(out)  # type: ignore[arg-type]
-        return Identity.load(out)
+        return mint(self.sec, self.tmp, name, roles, kind)
 
     def stub(self, ident: Identity | None = None) -> tuple[grpc.aio.Channel, Any]:
         ch = admin_channel(self.sec, self.port, ident)
