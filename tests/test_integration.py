@@ -184,7 +184,9 @@ def test_starved_node_is_never_declared_dead(starved_run) -> None:
     run = starved_run.result(timeout=budget)
     c = run["cluster"]
     assert failed_events(c) == [], "Lifeguard: a slow node must not cause deaths"
-    c.wait_converged(15)
+    # A member that missed the victim's refutation broadcast (seen once in CI: n4 kept
+    # suspect/3 while the rest had alive/4) is repaired by the next push-pull (30 s on LAN).
+    c.wait_converged(45)
     for node, view in c.views().items():
         assert all(m.status == "alive" for m in view.values()), (node, view)
     refutes = len(c.node(run["victim"]).events("member_refute"))
