@@ -32,13 +32,12 @@ from typing import Any
 import grpc
 import msgpack
 
-from certs import tls
-from certs.spiffe import SpiffeId
 from consensus.bootstrap import Coordinator, Start, plan_start, reconcile
 from consensus.group import GROUPS, ConsensusError, GroupStatus, RaftGroup, Timing
 from consensus.view import GroupView
 from gossip.protocol import Swim
 from gossip.state import Addr, Status
+from meshd.peers import PeerChannels
 from meshd.security import Security
 from policy.model import KINDS
 from policy.store import Change
@@ -52,13 +51,6 @@ TICK = 0.25
 """Seconds between bootstrap/reconcile/follow checks."""
 SETTLE = 1.0
 """Bootstrap waits until the set of coordinators it sees was unchanged this long."""
-PEER_CHANNEL_OPTIONS: list[tuple[str, object]] = [
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.min_reconnect_backoff_ms", 1000),
-]
-"""gRPC's defaults (1 s growing to 120 s between connection attempts) would keep a restarted
-coordinator unused for minutes; a coordinator is back within seconds or is gone."""
 FOLLOW_RETRY = 0.5
 FOLLOW_HEARTBEAT = 1.0
 """A coordinator's Follow stream sends an empty message after this many seconds of quiet."""
@@ -139,7 +131,7 @@ class ControlPlane:
         self._followers: dict[str, asyncio.Task[None]] = {}
         self._heard: dict[str, float] = {}  # group -> when its Follow stream last spoke
         self._changing: set[str] = set()
-        self._channels: dict[str, tuple[object, grpc.aio.Channel]] = {}
+        self._peers = PeerChannels(lambda: security.identity)
         self._waiting_logged: dict[str, str] = {}
         self._failed: dict[str, float] = {}  # node -> until when not to pick it
         self._last_section: bytes | None = None
@@ -395,18 +387,7 @@ class ControlPlane:
         return admin_pb2_grpc.ConsensusStub(self._channel(name, target))
 
     def _channel(self, name: str, target: str) -> grpc.aio.Channel:
-        ident = self.security.identity
-        cached = self._channels.get(target)
-        if cached is None or cached[0] is not ident:
-            if cached is not None:
-                self._spawn(cached[1].close())
-            td = ident.spiffe_id.trust_domain
-            channel = tls.grpc_channel(target, ident, aio=True,
-                                       server_name=SpiffeId.node(td, name).dns_names()[0],
-                                       options=PEER_CHANNEL_OPTIONS)
-            self._channels[target] = (ident, channel)
-            cached = (ident, channel)
-        return cached[1]
+        return self._peers.get(name, target)
 
     async def _connected(self, name: str, target: str, within: float) -> bool:
         """Whether a (TLS) connection to ``target`` is up, or comes up within ``within`` s."""
@@ -601,8 +582,7 @@ class ControlPlane:
         self.groups.clear()
         for view in self.views.values():
             view.save()
-        for _, channel in self._channels.values():
-            await channel.close()
+        await self._peers.close()
 
 
 def status_pb(s: GroupStatus, node: str) -> admin_pb2.RaftGroupStatus:

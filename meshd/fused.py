@@ -104,7 +104,3 @@ class FusedState:
                 out.append(FusedReplica(name, rep, flags, ages, entry.via,
                                         self.observed.get(rep.key, Observed())))
         return out
-
-    def age_of(self, node: str, now: float) -> float | None:
-        entry = self.nodes.get(node)
-        return None if entry is None else now - entry.received

@@ -24,10 +24,9 @@ import grpc
 from adapters.gpu import GpuAdapter
 from adapters.model import CommStats, GpuState, ReplicaState
 from adapters.triton import TritonAdapter, TritonEndpoint
-from certs import tls
-from certs.spiffe import SpiffeId
 from gossip.protocol import Swim
 from meshd.fused import FusedState
+from meshd.peers import PeerChannels
 from meshd.security import Security
 from meshd.signal_publish import PublishConfig, PublishGate
 from meshd.signal_wire import SECTION, NodeSignals, SignalWireError, decode, encode
@@ -72,7 +71,7 @@ class SignalPlane:
         self._poked = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._streams: dict[str, asyncio.Task[None]] = {}
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._peers: PeerChannels | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -94,8 +93,8 @@ class SignalPlane:
             await adapter.close()
         if self.gpu is not None:
             await self.gpu.close()
-        for channel in self._channels.values():
-            await channel.close()
+        if self._peers is not None:
+            await self._peers.close()
 
     def _poke(self) -> None:
         self._poked.set()
@@ -212,15 +211,10 @@ class SignalPlane:
                 self._stream(name, target, security))
 
     async def _stream(self, name: str, target: str, security: Security) -> None:
+        if self._peers is None:
+            self._peers = PeerChannels(lambda: security.identity)
         while True:
-            ident = security.identity
-            channel = self._channels.get(target)
-            if channel is None:
-                td = ident.spiffe_id.trust_domain
-                channel = tls.grpc_channel(
-                    target, ident, aio=True, server_name=SpiffeId.node(td, name).dns_names()[0],
-                    options=[("grpc.max_reconnect_backoff_ms", 2000)])
-                self._channels[target] = channel
+            channel = self._peers.get(name, target)
             try:
                 stub = state_pb2_grpc.StatePlaneStub(channel)
                 async for push in stub.Subscribe(state_pb2.SubscribeRequest()):
