@@ -32,6 +32,7 @@ from meshd.authz import Authorizer
 from meshd.control import RAFT_SECTION, ControlPlane
 from meshd.coordinates import CoordinatePlane
 from meshd.metrics import AgentMetrics
+from meshd.quarantine import AutoQuarantine
 from meshd.rbac import KeyLoadError, PolicyError
 from meshd.security import EnrollmentRefused, Security, SecurityError
 from meshd.settings import DEFAULT_RAFT_PORT, Settings, parse_hostport
@@ -148,6 +149,8 @@ class Agent:
             coordinator="coordinator" in settings.roles, expect=settings.bootstrap_expect,
             timing=WAN_TIMING if (settings.raft_timing or (
                 "wan" if settings.profile == "wan" else "lan")) == "wan" else Timing())
+        self.health = AutoQuarantine(settings.node, self.control, lambda: self.signals.current,
+                                     self._data.path)
 
     async def _secure(self, seeds: list[Addr]) -> bool:
         """Identity first: load or make it, or enroll through the seeds (retrying with
@@ -245,7 +248,7 @@ class Agent:
         sec.build_authority(name_in_use=lambda n: n != swim.name and (
             (m := swim.member(n)) is not None and m.live))
         self.metrics = AgentMetrics(swim, self.coordinates, sec, self.control,
-                                    self.signals)
+                                    self.signals, self.health)
         transport.on_rtts = self.metrics.observe_rtts
         transport.attach(swim)
         self._data.save(swim.incarnation, list(saved.get("peers", []) or []))  # type: ignore[call-overload]
@@ -284,6 +287,7 @@ class Agent:
         controller = asyncio.create_task(self.control.run())
         await self.signals.start()
         follower = asyncio.create_task(self._follow_signals())
+        health = asyncio.create_task(self.health.run())
         await asyncio.wait({joiner, stopper}, return_when=asyncio.FIRST_COMPLETED)
         code = 0
         if joiner.done() and joiner.exception() is not None:
@@ -298,6 +302,7 @@ class Agent:
         renewer.cancel()
         controller.cancel()
         follower.cancel()
+        health.cancel()
         await self._shutdown(leave=code == 0)
         return code
 

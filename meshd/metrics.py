@@ -16,6 +16,7 @@ from gossip.protocol import Swim
 from gossip.state import Status
 from meshd.control import ControlPlane
 from meshd.coordinates import CoordinatePlane
+from meshd.quarantine import AutoQuarantine
 from meshd.security import Security
 from meshd.signals import SignalPlane
 from topology.client import REJECT_REASONS
@@ -342,15 +343,44 @@ class SignalCollector(Collector):
         yield from (pubs, rejected, known)
 
 
+class HealthCollector(Collector):
+    """The node's own health checks (automatic quarantine)."""
+
+    def __init__(self, node: str, health: AutoQuarantine) -> None:
+        self.node = node
+        self.health = health
+
+    def collect(self) -> Iterator[Metric]:
+        n, mon = self.node, self.health.monitor
+        problems = GaugeMetricFamily("meshd_health_problems",
+                                     "Health problems this node sees in itself, by cause",
+                                     labels=["node", "cause"])
+        for cause in ("ecc", "thermal", "runtime"):
+            problems.add_metric([n, cause], sum(p.cause == cause for p in mon.current))
+        actions = CounterMetricFamily("meshd_health_actions",
+                                      "Automatic quarantines written, lifted, or failed",
+                                      labels=["node", "action"])
+        for action in ("quarantine", "lift", "failed"):
+            actions.add_metric([n, action], self.health.actions[action])
+        strikes = GaugeMetricFamily("meshd_health_strikes",
+                                    "Automatic quarantines in a row (each doubles the hold)",
+                                    labels=["node"])
+        strikes.add_metric([n], mon.strikes)
+        yield from (problems, actions, strikes)
+
+
 class AgentMetrics:
     """The agent's registry: gossip and topology collectors plus histograms."""
 
     def __init__(self, swim: Swim, coordinates: CoordinatePlane, security: Security,
                  control: ControlPlane | None = None,
-                 signals: SignalPlane | None = None) -> None:
+                 signals: SignalPlane | None = None,
+                 health: AutoQuarantine | None = None) -> None:
         self.registry = CollectorRegistry()
         if signals is not None:
             self.registry.register(SignalCollector(swim.name, signals))
+        if health is not None:
+            self.registry.register(HealthCollector(swim.name, health))
         self.write_seconds = Histogram(
             "meshd_consensus_write_seconds",
             "Time from a write entering this node to its commit (path: local or forwarded)",

@@ -2,8 +2,18 @@
 
 One msgpack map, rows as arrays (no per-row keys) and floats as float32, so a node with a few
 models and GPUs stays well under gossip's 1 KiB broadcast limit.  Times travel as **ages** in
-milliseconds at encoding time, never as clock readings: agents' clocks are not synchronised,
-and the receiver rebuilds "measured at" from its own clock minus the age.
+milliseconds at encoding time, never as clock readings: agents' monotonic clocks are
+unrelated, and the receiver rebuilds "measured at" from its own clock minus the age.
+
+A section can spend seconds in transit (gossip retransmits it over several rounds, push-pull
+hands over a copy encoded up to a refresh interval earlier), and an age frozen at encoding
+would understate exactly the figures that are stalest.  So the section also carries the
+publisher's wall-clock time of encoding (``w``, unix ms), and the receiver adds the transit
+time its own wall clock gives, clamped to ``[0, MAX_TRANSIT]``.  Clock skew then errs on the
+safe side as far as it can: a publisher whose clock runs ahead looks fresher by at most its
+section's real transit (clamped at 0), one whose clock runs behind looks older by the skew
+(at most ``MAX_TRANSIT``).  meshd already needs roughly synchronised clocks for certificate
+validity, so NTP-level skew (milliseconds) is the expected case.
 
 Decoding is strict: every field is type- and range-checked, and a section that fails is
 rejected whole with a :class:`SignalWireError` naming the field (the caller counts and drops it).
@@ -26,6 +36,9 @@ MAX_GPUS = 64
 MAX_COMM = 64
 MAX_TEXT = 256
 MAX_AGE_MS = 86_400_000
+MAX_TRANSIT = 60.0
+"""Seconds of transit credited at most (bounds what a lagging publisher clock can add)."""
+MAX_WALL_MS = 1 << 53
 AGE_GROUPS = ("ready", "queue", "stats")
 
 
@@ -54,7 +67,8 @@ def _age(now: float, at: float | None) -> int:
     return max(0, min(MAX_AGE_MS, round((now - at) * 1000)))
 
 
-def encode(sig: NodeSignals, now: float) -> bytes:
+def encode(sig: NodeSignals, now: float, wall: float | None = None) -> bytes:
+    """``now`` is the monotonic clock the ``at`` times use; ``wall`` is ``time.time()``."""
     replicas = [[r.model, r.version, r.endpoint, r.runtime, r.ready, r.queue, r.inflight,
                  r.instances, r.max_batch, r.dynamic_batching, r.rate, r.queue_seconds,
                  r.compute_seconds, r.spu, r.latency_ewma, r.latency_p95, r.failures,
@@ -68,6 +82,8 @@ def encode(sig: NodeSignals, now: float) -> bytes:
     doc: dict[str, Any] = {"e": sig.epoch, "s": sig.seq, "r": replicas, "g": gpus, "c": comm}
     if sig.cpu_only:
         doc["x"] = sig.cpu_only
+    if wall is not None:
+        doc["w"] = round(wall * 1000)
     return bytes(msgpack.packb(doc, use_bin_type=True, use_single_float=True))
 
 
@@ -118,8 +134,17 @@ def _at(age: Any, where: str, received: float) -> float:
     return 0.0 if a < 0 else received - a / 1000.0
 
 
-def decode(raw: bytes, received: float) -> NodeSignals:
-    """Parse a section; ``received`` is the local monotonic time it arrived (ages -> times)."""
+def transit(doc: dict[str, Any], wall: float | None) -> float:
+    """Seconds the section spent between encoding and now, as the two wall clocks tell."""
+    sent = _int(doc.get("w"), "w", 0, MAX_WALL_MS, none=True)
+    if sent is None or wall is None:
+        return 0.0
+    return min(MAX_TRANSIT, max(0.0, wall - sent / 1000.0))
+
+
+def decode(raw: bytes, received: float, wall: float | None = None) -> NodeSignals:
+    """Parse a section; ``received`` is the local monotonic time it arrived (ages -> times)
+    and ``wall`` the local ``time.time()`` then (adds the transit time to every age)."""
     try:
         doc = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_array_len=1 << 16,
                               max_map_len=64, max_str_len=1 << 12, max_bin_len=0)
@@ -127,6 +152,7 @@ def decode(raw: bytes, received: float) -> NodeSignals:
         raise SignalWireError(f"not msgpack: {exc}") from None
     if not isinstance(doc, dict):
         raise SignalWireError("expected a map")
+    received -= transit(doc, wall)
     sig = NodeSignals(epoch=_int(doc.get("e"), "e", 0, 2**32), seq=_int(doc.get("s"), "s"))
     x = doc.get("x", "")
     sig.cpu_only = _text(x, "x")

@@ -46,9 +46,11 @@ class SignalPlane:
                  gpu: bool = True, queue_interval: float = 0.1, stats_interval: float = 1.0,
                  gpu_interval: float = 1.0, publish: PublishConfig | None = None,
                  flags_of: Callable[[str], list[str]] = lambda n: [],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self.node = node
         self.clock = clock
+        self.wall = wall
         self.epoch = random.getrandbits(32)
         self.seq = 0
         self.fused = FusedState(node, flags_of)
@@ -139,7 +141,7 @@ class SignalPlane:
                     queue.get_nowait()  # a slow subscriber gets the newest, not a backlog
                 queue.put_nowait(self.current)
         if self.gate.offer(self.current, now, changed) is not None:
-            self._section = encode(self.current, now)
+            self._section = encode(self.current, now, self.wall())
             self.changed()
 
     def section(self) -> bytes | None:
@@ -184,7 +186,7 @@ class SignalPlane:
             return
         now = self.clock()
         try:
-            sig = decode(raw, now)
+            sig = decode(raw, now, self.wall())
         except SignalWireError as exc:
             self.rejected["gossip_malformed"] += 1
             log.debug("bad signals section", extra={"event": "bad_signals", "member": member,
@@ -223,7 +225,7 @@ class SignalPlane:
                         self.rejected["stream_wrong_node"] += 1
                         continue
                     try:
-                        sig = decode(push.signals, now)
+                        sig = decode(push.signals, now, self.wall())
                     except SignalWireError:
                         self.rejected["stream_malformed"] += 1
                         continue

@@ -157,7 +157,8 @@ class StatePlaneService(state_pb2_grpc.StatePlaneServicer):
             while True:
                 sig = await queue.get()
                 yield state_pb2.SignalsPush(node=self.plane.node,
-                                            signals=encode(sig, self.plane.clock()))
+                                            signals=encode(sig, self.plane.clock(),
+                                                           self.plane.wall()))
         finally:
             self.plane.unsubscribe(queue)
 

@@ -21,8 +21,26 @@ NodeFlags (policy; name = node name) — operator flags on one node:
     cordoned (bool, default false): take no new placements or routing targets; running work stays.
     draining (null | {deadline_unix}): finish in-flight work and take nothing new;
         ``deadline_unix`` (seconds since the epoch, > 0) is when remaining work may be cut off.
-    quarantined (null | {reason}): suspected bad hardware or software; nothing is scheduled or
-        routed to the node. ``reason`` is 1..256 printable characters, shown to operators.
+    quarantined (null | {reason, auto}): suspected bad hardware or software; nothing is
+        scheduled or routed to the node. ``reason`` is 1..256 printable characters, shown to
+        operators; ``auto`` (bool, default false) marks a quarantine the node's own health
+        monitor wrote (see HealthPolicy), which only it lifts by itself.
+
+HealthPolicy (policy; name = a node name, or ``default`` for every node without its own) —
+when a node quarantines itself (meshd/health.py) and when it lifts that quarantine:
+    auto_quarantine (bool, default true): whether the node quarantines itself at all.
+    ecc_uncorrected (int >= 1, default 1): uncorrected (volatile) ECC errors on one GPU that
+        quarantine it; errors an operator has already seen (by lifting the quarantine) do
+        not count again.
+    thermal_seconds (number > 0, default 60): a GPU held back by thermal throttling
+        (``hw_thermal``, ``sw_thermal``, ``hw_slowdown``) this long without a break.
+    failure_ratio (number in (0, 1], default 0.5) and failure_min (int >= 1, default 10): a
+        runtime whose inferences over the last failure_seconds failed at least this often and
+        at least this many times keeps failing.
+    failure_seconds (number > 0, default 30): that window.
+    lift_after_seconds (number > 0 | null, default 600): an automatic quarantine is lifted
+        after the node has been healthy this long (doubled for each repeat, up to a day);
+        null = only an operator lifts it.
 
 TenantQuota (policy; name = tenant) — admission limits for one tenant:
     requests_per_second (number > 0 | null, default null = unlimited): sustained request rate.
@@ -107,7 +125,18 @@ SPECS: Mapping[str, Object] = {
         }, nullable=True), None, "finish in-flight work, take nothing new"),
         "quarantined": Field(Object({
             "reason": required(Text(1, 256), "why, for operators"),
+            "auto": Field(Boolean(), False, "written by the node's health monitor"),
         }, nullable=True), None, "nothing is scheduled or routed here"),
+    }),
+    "HealthPolicy": Object({
+        "auto_quarantine": Field(Boolean(), True, "may the node quarantine itself"),
+        "ecc_uncorrected": Field(Integer(ge=1), 1, "uncorrected ECC errors on a GPU"),
+        "thermal_seconds": Field(Number(gt=0), 60.0, "continuous thermal throttling (s)"),
+        "failure_ratio": Field(Number(gt=0, le=1), 0.5, "failed share of inferences"),
+        "failure_min": Field(Integer(ge=1), 10, "failed inferences, at least"),
+        "failure_seconds": Field(Number(gt=0), 30.0, "window for the failure rule (s)"),
+        "lift_after_seconds": Field(Number(gt=0, nullable=True), 600.0,
+                                    "healthy this long lifts it; null = operator only"),
     }),
     "TenantQuota": Object({
         "requests_per_second": Field(Number(gt=0, nullable=True), None, "null = unlimited"),
@@ -147,6 +176,7 @@ KINDS: Mapping[str, str] = {
     "TenantQuota": "policy",
     "SloClass": "policy",
     "ModelPin": "policy",
+    "HealthPolicy": "policy",
     "TrainingPlacement": "placements",
 }
 """Kind -> the Raft group that replicates it."""

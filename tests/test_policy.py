@@ -114,6 +114,10 @@ def test_defaults_of_every_kind() -> None:
                                    "hedge_after_ms": None, "shed_priority": 5}
     assert spec_of("ModelPin") == {"nodes": [], "zones": [], "gpu_types": [],
                                    "min_free_vram_mb": 0, "min_replicas": 0}
+    assert spec_of("HealthPolicy") == {
+        "auto_quarantine": True, "ecc_uncorrected": 1, "thermal_seconds": 60.0,
+        "failure_ratio": 0.5, "failure_min": 10, "failure_seconds": 30.0,
+        "lift_after_seconds": 600.0}
     assert spec_of("TrainingPlacement") == {"node": "n1", "gpus": [], "vram_mb": 0,
                                             "state": "pending", "lease": None, "progress": 0.0}
     assert defaults("NodeFlags") == spec_of("NodeFlags")
@@ -126,7 +130,7 @@ def test_defaults_of_every_kind() -> None:
     ("NodeFlags", {"draining": {"deadline_unix": 1_700_000_000}},
      {"draining": {"deadline_unix": 1_700_000_000.0}}),
     ("NodeFlags", {"quarantined": {"reason": "ECC errors on GPU 3"}},
-     {"quarantined": {"reason": "ECC errors on GPU 3"}}),
+     {"quarantined": {"reason": "ECC errors on GPU 3", "auto": False}}),
     ("TenantQuota", {"requests_per_second": 2.5, "burst": 10, "concurrency": 4, "priority": 9},
      {"requests_per_second": 2.5, "burst": 10, "concurrency": 4, "priority": 9}),
     ("TenantQuota", {"burst": 10.0, "priority": 0}, {"burst": 10, "priority": 0}),
@@ -162,6 +166,12 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str, str]] = [
     ("NodeFlags", {"draining": {"deadline_unix": 5, "grace": 1}}, "spec.draining.grace",
      "unknown field; expected one of deadline_unix"),
     ("NodeFlags", {"quarantined": {"reason": ""}}, "spec.quarantined.reason", "1..256"),
+    ("NodeFlags", {"quarantined": {"reason": "r", "auto": 1}}, "spec.quarantined.auto",
+     "true or false"),
+    ("HealthPolicy", {"failure_ratio": 0}, "spec.failure_ratio", "> 0"),
+    ("HealthPolicy", {"failure_ratio": 1.5}, "spec.failure_ratio", "<= 1"),
+    ("HealthPolicy", {"ecc_uncorrected": 0}, "spec.ecc_uncorrected", ">= 1"),
+    ("HealthPolicy", {"lift_after_seconds": -1}, "spec.lift_after_seconds", "> 0"),
     ("NodeFlags", {"quarantined": {"reason": "x" * 257}}, "spec.quarantined.reason", "1..256"),
     ("NodeFlags", {"quarantined": {"reason": "a\nb"}}, "spec.quarantined.reason", "control"),
     ("NodeFlags", {"quarantined": {"reason": " a"}}, "spec.quarantined.reason", "whitespace"),

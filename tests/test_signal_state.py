@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from adapters.model import CommStats, GpuState, MigProfile, ReplicaState
 from meshd.fused import FusedState
 from meshd.signal_publish import PublishConfig, PublishGate, material
-from meshd.signal_wire import NodeSignals, SignalWireError, decode, encode
+from meshd.signal_wire import MAX_TRANSIT, NodeSignals, SignalWireError, decode, encode
 
 
 def replica(model: str = "m", queue: int | None = 3, ready: bool = True, spu: float = 0.002,
@@ -53,6 +53,24 @@ def test_round_trip_keeps_values_and_turns_ages_into_local_times() -> None:
     assert back.comm[0].peers == ("a", "b") and back.comm[0].at == pytest.approx(498.0)
 
 
+@pytest.mark.parametrize("sent, received, expect", [
+    (1000.0, 1002.5, 2.5),  # 2.5 s in transit (gossip rounds, push-pull): ages grow by it
+    (1000.0, 999.0, 0.0),   # publisher's clock ahead: never younger than at encoding
+    (1000.0, 1500.0, MAX_TRANSIT),  # publisher's clock far behind: bounded
+])
+def test_transit_time_is_added_to_ages(sent: float, received: float, expect: float) -> None:
+    back = decode(encode(signals(replica()), now=100.0, wall=sent), received=500.0,
+                  wall=received)
+    assert back.replicas[0].at["queue"] == pytest.approx(499.5 - expect)
+
+
+def test_without_wall_clocks_ages_are_taken_as_encoded() -> None:
+    raw = encode(signals(replica()), now=100.0, wall=1000.0)
+    assert decode(raw, received=500.0).replicas[0].at["queue"] == pytest.approx(499.5)
+    back = decode(encode(signals(replica()), now=100.0), received=500.0, wall=1e9)
+    assert back.replicas[0].at["queue"] == pytest.approx(499.5)
+
+
 def test_a_few_replicas_and_a_gpu_fit_a_gossip_broadcast() -> None:
     sig = signals(*(replica(f"model-{i}") for i in range(4)), gpus=(gpu(),))
     assert len(encode(sig, 100.0)) < 700
@@ -69,12 +87,14 @@ def test_a_few_replicas_and_a_gpu_fit_a_gossip_broadcast() -> None:
     (lambda d: d["g"][0].__setitem__(5, 101.0), "g[0].sm_util"),
     (lambda d: d.__setitem__("s", -1), "s"),
     (lambda d: d["c"][0].__setitem__(1, 5), "c[0].op"),
+    (lambda d: d.__setitem__("w", 1.5), "w"),
+    (lambda d: d.__setitem__("w", -1), "w"),
 ])
 def test_bad_fields_are_named(mutate: object, field: str) -> None:
-    doc = msgpack.unpackb(encode(signals(replica(), gpus=(gpu(),)), 100.0), raw=False)
+    doc = msgpack.unpackb(encode(signals(replica(), gpus=(gpu(),)), 100.0, 1e9), raw=False)
     mutate(doc)  # type: ignore[operator]
     with pytest.raises(SignalWireError) as err:
-        decode(msgpack.packb(doc, use_bin_type=True), 0.0)
+        decode(msgpack.packb(doc, use_bin_type=True), 0.0, 1e9)
     assert str(err.value).startswith(field), err.value
 
 
@@ -91,11 +111,11 @@ def test_decode_fuzz_only_raises_wire_errors(raw: bytes) -> None:
 @given(st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats()
                     | st.text(max_size=5),
                     lambda kids: st.lists(kids, max_size=20)
-                    | st.dictionaries(st.sampled_from("sercgx"), kids, max_size=6),
+                    | st.dictionaries(st.sampled_from("sercgxw"), kids, max_size=6),
                     max_leaves=60))
 def test_decode_fuzz_structured(doc: object) -> None:
     try:
-        decode(msgpack.packb(doc, use_bin_type=True), 0.0)
+        decode(msgpack.packb(doc, use_bin_type=True), 0.0, 1e9)
     except SignalWireError:
         pass
 

@@ -94,4 +94,10 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[out])
 
     def execute(self, requests):
+        if self._current().get("fail"):
+            # Raised, not answered with error responses: Triton counts a Python model's error
+            # *responses* as successes in its statistics and metrics (triton-inference-server/
+            # server#7713), so only a raised error looks like the broken backend it stands for.
+            raise pb_utils.TritonModelException(
+                f"{self.name}: injected failure (behaviour fail=true)")
         return [self._serve(request) for request in requests]
