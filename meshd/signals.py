@@ -39,6 +39,10 @@ MAX_COMM_KEPT = 16
 SUBSCRIBE_RETRY = 1.0
 EXTERNAL_TTL = 30.0
 """An external runtime's replica not reported for this long is dropped."""
+HEARTBEAT = 1.0
+"""A fresh snapshot at least this often even when nothing changed, so the measurement times
+subscribers (and the gossip refresh) receive say when a figure was last *measured*, not
+when it last changed: a queue polled every 100 ms and steady at 0 is fresh, not old."""
 
 
 class SignalPlane:
@@ -121,11 +125,14 @@ class SignalPlane:
                            comm=list(self.comm), cpu_only=cpu_only if not gpus else "")
 
     async def _loop(self) -> None:
+        last = self.clock()
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poked.wait(), self.gate.cfg.min_interval)
-            changed = self._poked.is_set()
+            changed = self._poked.is_set() or self.clock() - last >= HEARTBEAT
             self._poked.clear()
+            if changed:
+                last = self.clock()
             try:
                 self.refresh(changed)
             except Exception:  # noqa: BLE001 - one bad round must not stop the plane
