@@ -7,30 +7,43 @@ consecutive ports.
 Security is on, as in production: node1 runs ``--dev`` and holds a CA made for this run; the
 others enroll through it with a join token (handed over in the environment, not argv, which
 other users can read), receive their certificates and the gossip key, and talk mTLS.
+
+Runtimes: ``--tritons N`` (default 2) real CPU Triton servers (``meshd.devtriton``, models
+``add_sub`` and ``delay``) start first, on free ports of 127.0.0.1, and each is attached to one
+node (``--triton``), node2 first, so ``meshctl state`` shows replicas and queues. They are
+stopped after the nodes, however the mesh ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import grpc
 
 from certs import tls, tokens
 from certs.ca import CertificateAuthority
 from certs.identity import Identity
+from meshd import devtriton
 from meshd.ctl import format_members_table
 from meshd.security import DEV_TRUST_DOMAIN
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
 COORDINATORS = 3
 """The first nodes (up to this many) are coordinators and form the Raft groups."""
+
+TRITON_TIMEOUT = 120.0
+"""Seconds a Triton server may take to become ready (a loaded 2-core machine is slow)."""
 
 
 def node_addrs(i: int, per_ip: bool) -> tuple[str, str, str]:
@@ -46,9 +59,76 @@ def raft_addr(i: int, per_ip: bool) -> str:
     return f"127.0.0.{i}:7950" if per_ip else f"127.0.0.1:{7200 + 2 * i}"
 
 
+def triton_node(j: int, nodes: int) -> int:
+    """The node (1-based) that Triton ``j`` (0-based) is attached to: node2, node3, ...,
+    wrapping over node2..nodeN; node1 when it is the only node."""
+    return 1 if nodes == 1 else 2 + j % (nodes - 1)
+
+
+def tool(name: str, module: str) -> str:
+    """How to run console script ``name`` from a shell: its bare name if ``PATH`` finds this
+    interpreter's copy, else that copy's path (``./dev`` does not activate the venv), else
+    ``python -m module``."""
+    mine = Path(sys.executable).parent / name
+    if mine.is_file():
+        found = shutil.which(name)
+        if found and Path(found).resolve() == mine.resolve():
+            return name
+        return str(mine)
+    return f"{sys.executable} -m {module}"
+
+
+def start_tritons(count: int, work: Path) -> list[devtriton.TritonServer]:
+    """Start ``count`` Triton servers in parallel under ``work``; the ones that started.
+
+    Triton being unavailable here, or a server failing to start, is reported and the mesh goes
+    on without it: a server that fails is dropped and the others are started again (start_all
+    stops them all when one fails)."""
+    if count <= 0:
+        return []
+    reason = devtriton.unavailable_reason()
+    if reason is not None:
+        print(f"no Triton: {reason}; the mesh runs without runtimes", flush=True)
+        return []
+    try:
+        servers = [devtriton.TritonServer(devtriton.DEFAULT_REPO, work / f"triton{j}",
+                                          name=f"triton{j}") for j in range(count)]
+    except (OSError, RuntimeError, ValueError) as e:
+        print(f"no Triton: {e}; the mesh runs without runtimes", flush=True)
+        return []
+    print(f"starting {count} Triton server(s) (models add_sub, delay); logs under {work}",
+          flush=True)
+    began = time.monotonic()
+    while servers:
+        try:
+            devtriton.start_all(servers, timeout=TRITON_TIMEOUT)
+            break
+        except (devtriton.TritonStartError, devtriton.TritonUnavailable, OSError,
+                RuntimeError) as e:
+            # The message names the server and ends with its log tail.
+            failed = [s for s in servers if f"tritonserver {s.name} " in str(e)]
+            print(f"Triton failed to start: {e}", file=sys.stderr, flush=True)
+            if not failed:  # not one server's fault
+                print("the mesh runs without runtimes", file=sys.stderr, flush=True)
+                return []
+            servers = [s for s in servers if s not in failed]
+            if servers:
+                print(f"{', '.join(s.name for s in failed)} left out; starting "
+                      f"{', '.join(s.name for s in servers)} again", file=sys.stderr, flush=True)
+    if servers:
+        print(f"{len(servers)} Triton server(s) ready in {time.monotonic() - began:.1f} s",
+              flush=True)
+        devtriton.write_servers_file(work, servers)
+    return servers
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="meshd-devmesh", description=__doc__)
+    p = argparse.ArgumentParser(prog="meshd-devmesh", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=5, help="number of meshd processes (default 5)")
+    p.add_argument("--tritons", type=int, default=2,
+                   help="real Triton servers to start and attach to nodes node2, node3, ... "
+                        "(default 2; 0 = none)")
     p.add_argument("--profile", default="lan", choices=["lan", "wan", "local"])
     p.add_argument("--interval", type=float, default=3.0, help="seconds between member tables")
     p.add_argument("--duration", type=float, default=0.0,
@@ -56,15 +136,70 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 1 <= args.nodes <= 250:
         p.error("--nodes must be 1..250")
+    if args.tritons < 0:
+        p.error("--tritons must be >= 0")
     per_ip = sys.platform.startswith("linux")
     workdir = Path(tempfile.mkdtemp(prefix="meshd-devmesh-"))
+    stop = {"now": False}
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop["now"] = True
+
+    # While starting, Ctrl-C or SIGTERM interrupts (KeyboardInterrupt), and what has started is
+    # stopped below; once running, they end the loop instead.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    procs: list[subprocess.Popen[bytes]] = []
+    tritons: list[devtriton.TritonServer] = []
+    try:
+        tritons = start_tritons(args.tritons, workdir / "triton")
+        return _run(args, per_ip, workdir, procs, tritons, stop, on_signal)
+    except KeyboardInterrupt:
+        _say("\ninterrupted")
+        return 130
+    except BrokenPipeError:  # stdout closed (`| head`): stop everything, quietly
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    finally:
+        # Nodes first (they stop polling their Tritons), then the Tritons; never leave either,
+        # even when stdout is gone (`| head`).
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        if procs:
+            _say("stopping: each node leaves gracefully")
+        for pr in procs:
+            if pr.poll() is None:
+                pr.send_signal(signal.SIGTERM)
+        for pr in procs:
+            try:
+                pr.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pr.kill()
+                pr.wait()
+        if tritons:
+            _say(f"stopping {len(tritons)} Triton server(s)")
+            devtriton.stop_all(tritons)
+
+
+def _say(line: str) -> None:
+    """Print ``line``, unless stdout is closed: shutting down must not fail on it."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, flush=True)
+
+
+def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
+         procs: list[subprocess.Popen[bytes]], tritons: list[devtriton.TritonServer],
+         stop: dict[str, bool], on_signal: Callable[[int, FrameType | None], None]) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHD_")}
     ca = CertificateAuthority.create(DEV_TRUST_DOMAIN)
     ca.save(workdir / "node1" / "ca")
     token, _ = tokens.create(ca, uses=max(1, args.nodes - 1), ttl=3600.0, now=time.time())
     roles = ["coordinator", "router", "gpu", "trainer", "edge"]
-    procs: list[subprocess.Popen[bytes]] = []
     seed = node_addrs(1, per_ip)[0]
+    attached: dict[int, list[devtriton.TritonServer]] = {}
+    for j, server in enumerate(tritons):
+        attached.setdefault(triton_node(j, args.nodes), []).append(server)
     print(f"starting {args.nodes} meshd nodes; logs and data under {workdir}", flush=True)
     for i in range(1, args.nodes + 1):
         gossip, admin, metrics = node_addrs(i, per_ip)
@@ -77,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             if roles[(i - 1) % len(roles)] != "coordinator":
                 cmd += ["--role", "coordinator"]
             cmd += ["--bootstrap-expect", str(coordinators), "--raft", raft_addr(i, per_ip)]
+        for server in attached.get(i, []):
+            cmd += ["--triton", f"{server.grpc_url},metrics={server.metrics_url}"]
+            print(f"  {server.name} (gRPC {server.grpc_url}) -> node{i}", flush=True)
         child_env = dict(env)
         if i == 1:
             cmd += ["--dev"]
@@ -87,31 +225,40 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(subprocess.Popen(cmd, env=child_env, stdout=log, stderr=log))
         if i == 1:
             time.sleep(0.5)
-    stop = {"now": False}
-
-    def on_signal(*_: object) -> None:
-        stop["now"] = True
-
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     admin_addr = node_addrs(1, per_ip)[1]
     creds = workdir / "node1" / "meshctl"
     started = time.monotonic()
-    while not Identity.exists(creds) and time.monotonic() - started < 30:
+    while not Identity.exists(creds) and time.monotonic() - started < 30 and not stop["now"]:
         time.sleep(0.1)  # node1 writes the admin client identity as it starts
-    ctl = f"meshctl --admin {admin_addr} --creds {creds}"
+    if stop["now"]:
+        return 0
+    ctl = f"{tool('meshctl', 'meshd.ctl')} --admin {admin_addr} --creds {creds}"
     print(f"try: {ctl} members --detailed\n     {ctl} raft status\n"
           f"     {ctl} cordon node2 && {ctl} policy list", flush=True)
-    code = 0
+    if tritons:
+        print(f"     {ctl} state        # replicas, queues, each figure's age\n"
+              f"     {tool('meshd-devtriton', 'meshd.devtriton')} behave "
+              f"--work-dir {workdir / 'triton'} --server {tritons[0].name} --model delay "
+              f"--delay-ms 200        # {tritons[0].name}'s delay model gets slow "
+              f"(no --delay-ms: normal again)", flush=True)
+    reported: set[str] = set()
     with tls.grpc_channel(admin_addr, Identity.load(creds)) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)
         while not stop["now"]:
             time.sleep(0.2)
+            if stop["now"]:
+                break  # Ctrl-C in a terminal also reached the nodes: they are leaving
             if any(pr.poll() is not None for pr in procs):
                 dead = [i + 1 for i, pr in enumerate(procs) if pr.poll() is not None]
                 print(f"node(s) {dead} exited; see their logs in {workdir}", file=sys.stderr)
-                code = 1
-                break
+                return 1
+            for server in tritons:
+                if server.name not in reported and not server.is_running():
+                    reported.add(server.name)
+                    print(f"{server.name} exited; log {server.log_path}:\n"
+                          f"{server.log_tail(10)}", file=sys.stderr, flush=True)
             elapsed = time.monotonic() - started
             if args.duration and elapsed >= args.duration:
                 break
@@ -125,16 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n[{time.strftime('%H:%M:%S')}] {alive}/{len(resp.members)} alive "
                       f"(as seen by node1; Ctrl-C stops the mesh)", flush=True)
                 print(format_members_table(resp), flush=True)
-    print("stopping: each node leaves gracefully", flush=True)
-    for pr in procs:
-        if pr.poll() is None:
-            pr.send_signal(signal.SIGTERM)
-    for pr in procs:
-        try:
-            pr.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pr.kill()
-    return code
+    return 0
 
 
 if __name__ == "__main__":

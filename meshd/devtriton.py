@@ -723,6 +723,12 @@ def _server_info(server: TritonServer) -> dict[str, Any]:
             "log_path": str(server.log_path), "pid": server.pid}
 
 
+def write_servers_file(work_dir: Path, servers: Sequence[TritonServer]) -> None:
+    """``<work_dir>/servers.json``: what ``behave --work-dir`` reads to find the servers."""
+    (work_dir / "servers.json").write_text(
+        json.dumps([_server_info(s) for s in servers], indent=2) + "\n", encoding="utf-8")
+
+
 def _run(args: argparse.Namespace) -> int:
     reason = unavailable_reason()
     if reason is not None:
@@ -747,8 +753,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         started = time.monotonic()
         start_all(servers, timeout=args.timeout)
-        (work / "servers.json").write_text(
-            json.dumps([_server_info(s) for s in servers], indent=2) + "\n", encoding="utf-8")
+        write_servers_file(work, servers)
         print(f"meshd-devtriton: {len(servers)} Triton server(s) ready in "
               f"{time.monotonic() - started:.1f} s (work dir {work}, repo {args.repo})")
         for s in servers:

@@ -436,17 +436,28 @@ def test_seed_restarts_alone_when_saved_peers_are_gone(clusters) -> None:
 # --- (h) the dev mesh -------------------------------------------------------------------------
 
 
-def test_devmesh_shows_all_alive_and_exits_0(tmp_path: Path) -> None:
-    busy = [f"127.0.0.{i}:{p}" for i in (1, 2, 3) for p, udp in ((7946, True), (7946, False),
-                                                                  (7960, False), (9464, False))
+def _devmesh_busy_ports(nodes: int) -> list[str]:
+    """The fixed default ports of ``nodes`` devmesh nodes that cannot be bound now."""
+    ports = ((7946, True), (7946, False), (7950, False), (7951, False), (7960, False),
+             (9464, False))
+    return [f"127.0.0.{i}:{p}" for i in range(1, nodes + 1) for p, udp in ports
             if not port_free(f"127.0.0.{i}", p, udp=udp)]
-    if busy:
-        pytest.skip(f"devmesh needs its fixed default ports; busy: {', '.join(busy)}")
+
+
+def _devmesh(tmp_path: Path, *args: str, **kw: Any) -> subprocess.Popen[str]:
+    """``meshd-devmesh ARGS`` in its own session, with its work dir under ``tmp_path``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHD_")}
     env["TMPDIR"] = str(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "meshd.devmesh", "--nodes", "3",
-                             "--duration", "8"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "meshd.devmesh", *args], cwd=ROOT, env=env,
+                            text=True, start_new_session=True, **kw)
+
+
+def test_devmesh_shows_all_alive_and_exits_0(tmp_path: Path) -> None:
+    busy = _devmesh_busy_ports(3)
+    if busy:
+        pytest.skip(f"devmesh needs its fixed default ports; busy: {', '.join(busy)}")
+    proc = _devmesh(tmp_path, "--nodes", "3", "--tritons", "0", "--duration", "8",
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -458,3 +469,72 @@ def test_devmesh_shows_all_alive_and_exits_0(tmp_path: Path) -> None:
     for i in (1, 2, 3):
         assert f"node{i}" in out
     assert "stopping: each node leaves gracefully" in out
+
+
+def test_devmesh_attaches_triton_replicas(tmp_path: Path) -> None:
+    """``--tritons 1``: a real Triton attached to node2, whose add_sub and delay replicas node1
+    (the admin address devmesh's hints use) shows as ready; Ctrl-C stops everything."""
+    from meshd import devtriton
+    from proto.mesh.v1 import state_pb2, state_pb2_grpc
+
+    reason = devtriton.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no Triton here: {reason}")
+    busy = _devmesh_busy_ports(2)
+    if busy:
+        pytest.skip(f"devmesh needs its fixed default ports; busy: {', '.join(busy)}")
+    out_path = tmp_path / "devmesh.out"
+    with open(out_path, "w") as out_file:
+        proc = _devmesh(tmp_path, "--nodes", "2", "--tritons", "1", "--duration", "50",
+                        stdout=out_file, stderr=subprocess.STDOUT)
+
+    def output() -> str:
+        return out_path.read_text(errors="replace")
+
+    seen: dict[str, Any] = {}
+    found: list[Path] = []
+    try:
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = [d for d in tmp_path.glob("meshd-devmesh-*")
+                     if (d / "triton" / "servers.json").is_file()
+                     and Identity.exists(d / "node1" / "meshctl")]
+            if found:
+                break
+            time.sleep(0.2)
+        assert found, "devmesh started no Triton or no node1:\n" + output()
+        work = found[0]
+        grpc_url = json.loads((work / "triton" / "servers.json").read_text())[0]["grpc_url"]
+        with tls.grpc_channel("127.0.0.1:7960", Identity.load(work / "node1" / "meshctl")) as ch:
+            plane = state_pb2_grpc.StatePlaneStub(ch)
+            while time.monotonic() < deadline and proc.poll() is None:
+                with contextlib.suppress(grpc.RpcError):
+                    resp = plane.State(state_pb2.StateRequest(node="node2"), timeout=5)
+                    seen = {r.model: r for r in resp.replicas if r.node == "node2"}
+                    if all(m in seen and seen[m].ready and seen[m].queue_age >= 0
+                           for m in ("add_sub", "delay")):
+                        break
+                time.sleep(0.5)
+        assert {"add_sub", "delay"} <= set(seen), f"replicas seen: {seen}\n{output()}"
+        for model in ("add_sub", "delay"):
+            r = seen[model]
+            assert r.ready and r.runtime == "triton" and r.endpoint == grpc_url, r
+            assert r.queue == 0 and r.queue_age >= 0, r
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: devmesh and its nodes
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = output()
+    assert proc.returncode == 0, out
+    assert "triton0 (gRPC " in out and "-> node2" in out, out
+    assert " state " in out and "behave --work-dir" in out, out
+    assert "stopping: each node leaves gracefully" in out and "stopping 1 Triton" in out, out
+    # Nothing started under the devmesh work dir (tritonserver, its stubs) outlives devmesh.
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if str(work).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                left.append(pid)
+    assert not left, f"processes left behind: {left}"
