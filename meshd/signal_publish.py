@@ -4,9 +4,10 @@ Every gossip publication is a broadcast every member relays, so a node whose que
 one request must not flood the mesh.  A change is *material* when it could change a routing
 decision (readiness, the replica set, a queue that moved by a few requests or a quarter, an SPU
 or latency that moved by a fifth, GPU memory that moved by 5% of the card, new ECC errors or
-throttling).  Material changes are published at most every ``min_interval``; any other change
-is folded in at the next ``refresh``.  Routers that need fresher figures subscribe instead
-(:mod:`meshd.signals`), which pushes every poll.  Pure: time is an argument.
+throttling).  Material changes are published at most every ``min_interval`` and repeated once
+after ``echo``; any other change is folded in at the next ``refresh``.  Routers that need
+fresher figures subscribe instead (:mod:`meshd.signals`), which pushes every poll.  Pure: time
+is an argument.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ class PublishConfig:
     """Seconds between two gossip publications, however material the changes."""
     refresh: float = 5.0
     """A non-material change is published after at most this long."""
+    echo: float = 1.0
+    """A material publication is sent again (with fresh ages) after this long, unless another
+    went out first.  One gossip epidemic misses a node now and then (each broadcast is relayed
+    a bounded number of times), and a miss would otherwise leave that node wrong until the
+    next change or refresh; a second, independent epidemic makes a miss rare."""
     queue_abs: int = 2
     """A queue change of at least this many requests is material ..."""
     queue_rel: float = 0.25
@@ -110,22 +116,39 @@ class PublishGate:
         self.published: NodeSignals | None = None
         self.published_at = float("-inf")
         self.pending_since: float | None = None
+        self.held = False
+        """A material change is waiting for ``min_interval`` to pass."""
+        self.echo_at: float | None = None
         self.reasons: dict[str, int] = {}
 
     def offer(self, current: NodeSignals, now: float, changed: bool = True) -> str | None:
         """Whether to publish ``current`` now; the reason when yes (then it counts as sent)."""
         if changed and self.pending_since is None:
             self.pending_since = now
-        if self.pending_since is None:
+        reason = None
+        if self.pending_since is not None:
+            reason = material(self.published, current, self.cfg)
+        self.held = reason is not None and now - self.published_at < self.cfg.min_interval
+        if self.held:
             return None
-        reason = material(self.published, current, self.cfg)
-        since = now - self.published_at
         if reason is None:
-            if now - self.pending_since < self.cfg.refresh:
+            if self.echo_at is not None and now >= self.echo_at:
+                reason = "echo"
+            elif self.pending_since is not None and now - self.pending_since >= self.cfg.refresh:
+                reason = "refresh"
+            else:
                 return None
-            reason = "refresh"
-        elif since < self.cfg.min_interval:
-            return None
+        self.echo_at = None if reason in ("echo", "refresh") else now + self.cfg.echo
         self.published, self.published_at, self.pending_since = current, now, None
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
         return reason
+
+    def next_due(self) -> float | None:
+        """The earliest time :meth:`offer` may publish without a new change (None: only after
+        one), so the caller can wake then instead of at its next poll."""
+        times = [t for t in (
+            self.published_at + self.cfg.min_interval if self.held else None,
+            self.echo_at,
+            self.pending_since + self.cfg.refresh if self.pending_since is not None else None,
+        ) if t is not None]
+        return min(times) if times else None

@@ -40,9 +40,10 @@ SUBSCRIBE_RETRY = 1.0
 EXTERNAL_TTL = 30.0
 """An external runtime's replica not reported for this long is dropped."""
 HEARTBEAT = 1.0
-"""A fresh snapshot at least this often even when nothing changed, so the measurement times
-subscribers (and the gossip refresh) receive say when a figure was last *measured*, not
-when it last changed: a queue polled every 100 ms and steady at 0 is fresh, not old."""
+"""A fresh snapshot at least this often even when nothing changed (every queue poll when
+Triton adapters run), so the measurement times subscribers (and the gossip refresh) receive
+say when a figure was last *measured*, not when it last changed: a queue polled every 100 ms
+and steady at 0 is fresh, not old."""
 
 
 class SignalPlane:
@@ -59,6 +60,7 @@ class SignalPlane:
         self.seq = 0
         self.fused = FusedState(node, flags_of)
         self.gate = PublishGate(publish)
+        self.heartbeat = min(queue_interval, HEARTBEAT) if triton else HEARTBEAT
         self.triton = [TritonAdapter(ep, queue_interval=queue_interval,
                                      stats_interval=stats_interval, on_update=self._poke,
                                      clock=clock) for ep in (triton or [])]
@@ -127,12 +129,18 @@ class SignalPlane:
     async def _loop(self) -> None:
         last = self.clock()
         while True:
+            now = self.clock()
+            wait = last + self.heartbeat - now
+            due = self.gate.next_due()
+            if due is not None:
+                wait = min(wait, due - now)  # a held or repeated publication is due first
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poked.wait(), self.gate.cfg.min_interval)
-            changed = self._poked.is_set() or self.clock() - last >= HEARTBEAT
+                await asyncio.wait_for(self._poked.wait(), max(0.0, wait))
+            now = self.clock()
+            changed = self._poked.is_set() or now - last >= self.heartbeat
             self._poked.clear()
             if changed:
-                last = self.clock()
+                last = now
             try:
                 self.refresh(changed)
             except Exception:  # noqa: BLE001 - one bad round must not stop the plane

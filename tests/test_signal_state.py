@@ -143,15 +143,33 @@ def test_material_changes() -> None:
 
 
 def test_gate_rate_limits_material_and_refreshes_the_rest() -> None:
-    gate = PublishGate(PublishConfig(min_interval=0.5, refresh=5.0))
+    gate = PublishGate(PublishConfig(min_interval=0.5, refresh=5.0, echo=1.0))
     assert gate.offer(signals(replica(queue=0)), now=0.0) == "first"
     assert gate.offer(signals(replica(queue=50)), now=0.1) is None  # too soon
-    assert gate.offer(signals(replica(queue=50)), now=0.6, changed=False) == "queue"
+    assert gate.next_due() == 0.5  # the caller wakes when it may go out
+    assert gate.offer(signals(replica(queue=50)), now=0.5, changed=False) == "queue"
+    assert gate.next_due() == 1.5  # the echo
     assert gate.offer(signals(replica(queue=51)), now=1.0) is None  # not material
-    assert gate.offer(signals(replica(queue=51)), now=5.0, changed=False) is None
-    assert gate.offer(signals(replica(queue=51)), now=6.1, changed=False) == "refresh"
-    assert gate.offer(signals(replica(queue=51)), now=20.0, changed=False) is None  # nothing new
-    assert gate.reasons == {"first": 1, "queue": 1, "refresh": 1}
+    assert gate.offer(signals(replica(queue=51)), now=1.5, changed=False) == "echo"
+    assert gate.next_due() is None  # echoes are not echoed; nothing pending
+    assert gate.offer(signals(replica(queue=52)), now=2.0) is None  # not material
+    assert gate.next_due() == 7.0
+    assert gate.offer(signals(replica(queue=52)), now=6.9, changed=False) is None
+    assert gate.offer(signals(replica(queue=52)), now=7.0, changed=False) == "refresh"
+    assert gate.offer(signals(replica(queue=52)), now=20.0, changed=False) is None  # nothing new
+    assert gate.next_due() is None
+    assert gate.reasons == {"first": 1, "queue": 1, "echo": 1, "refresh": 1}
+
+
+def test_a_material_change_that_vanishes_while_held_is_not_published() -> None:
+    gate = PublishGate(PublishConfig(min_interval=0.5, refresh=5.0, echo=1.0))
+    gate.offer(signals(replica(queue=0)), now=0.0)
+    assert gate.offer(signals(replica(queue=50)), now=1.2) == "queue"
+    assert gate.offer(signals(replica(queue=0)), now=1.3) is None  # back within min_interval
+    assert gate.offer(signals(replica(queue=0)), now=1.7, changed=False) == "queue"
+    assert gate.offer(signals(replica(queue=9)), now=1.8) is None
+    assert gate.offer(signals(replica(queue=0)), now=2.3) is None  # 9 went away unpublished
+    assert gate.offer(signals(replica(queue=0)), now=2.7, changed=False) == "echo"
 
 
 # --- the fused view -----------------------------------------------------------------------
