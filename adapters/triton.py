@@ -44,6 +44,20 @@ BYTES_EWMA = 0.1
 """Weight of one observed request size in a model's mean request size."""
 
 
+CHANNEL_ARGS = [
+    ("grpc.max_receive_message_length", 2**31 - 1),  # statistics of a large repository
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
+    # gRPC's reconnect backoff grows to 120 s over an outage, which kept a Triton that was
+    # back (its metrics answering in 0.1 s) not-ready for up to 40 s; cap it near one poll.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+"""Options of the channel to Triton's gRPC endpoint (they replace tritonclient's defaults)."""
+
+
 class EndpointError(ValueError):
     """A ``--triton`` value that cannot be used; the message says what is wrong."""
 
@@ -158,7 +172,8 @@ class TritonAdapter:
     async def start(self) -> None:
         if self._client is None:
             import tritonclient.grpc.aio as triton_aio
-            self._client = triton_aio.InferenceServerClient(self.endpoint.grpc)
+            self._client = triton_aio.InferenceServerClient(
+                self.endpoint.grpc, channel_args=CHANNEL_ARGS)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._queue_loop()),
                        loop.create_task(self._stats_loop())]
