@@ -71,7 +71,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
-from bench.table import machine_info, print_table  # noqa: E402
+from bench.table import (  # noqa: E402
+    machine_busy_s,
+    machine_info,
+    print_table,
+    proc_cpu_s,
+)
 
 SECTIONS = ("raft", "admin", "failover", "catchup")
 TRUST_DOMAIN = "mesh.test"
@@ -114,24 +119,6 @@ def _summary_s(values: list[float]) -> dict[str, float]:
             "mean_s": statistics.fmean(values), "min_s": min(values)}
 
 
-def _busy_s() -> float | None:
-    """CPU seconds the whole machine has used (from /proc/stat)."""
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except (OSError, IndexError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
 class CpuWatch:
     """CPU the machine used during a measurement, split into ours (this process and the given
     children) and others' (the machine is shared: other sessions' tests run at the same time)."""
@@ -139,15 +126,15 @@ class CpuWatch:
     def __init__(self, pids: Callable[[], list[int]]) -> None:
         self.pids = pids
         self.t0 = time.monotonic()
-        self.busy0 = _busy_s()
+        self.busy0 = machine_busy_s()
         self.ours0 = self._ours()
 
     def _ours(self) -> dict[int, float]:
-        return {p: _proc_cpu_s(p) for p in [os.getpid(), *self.pids()]}
+        return {p: (proc_cpu_s(p) or 0.0) for p in [os.getpid(), *self.pids()]}
 
     def done(self) -> dict[str, float | None]:
         wall = time.monotonic() - self.t0
-        busy1 = _busy_s()
+        busy1 = machine_busy_s()
         ours1 = self._ours()
         ours = sum(v - self.ours0.get(p, 0.0) for p, v in ours1.items())
         if self.busy0 is None or busy1 is None or wall <= 0:

@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# Run as a script, this file's folder comes first on sys.path and a bench module could shadow
+# a package of the project (bench/consensus.py): put the project root first instead.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
 
 from bench.table import print_table  # noqa: E402
 from tests.cluster import Cluster, Node  # noqa: E402

@@ -60,10 +60,18 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# Run as a script, this file's folder comes first on sys.path and a bench module could shadow
+# a package of the project (bench/consensus.py): put the project root first instead.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
 
-from bench.table import machine_info, print_table  # noqa: E402
+from bench.table import (  # noqa: E402
+    loadavg,
+    machine_busy_s,
+    machine_info,
+    print_table,
+    proc_cpu_s,
+)
 
 SECTIONS = ("issue", "admin", "enroll")
 TRUST_DOMAIN = "mesh.test"
@@ -91,26 +99,6 @@ def _summary_ms(ns: list[int]) -> dict[str, float]:
     ms = [v / 1e6 for v in ns]
     return {"n": len(ms), "p50_ms": statistics.median(ms), "p99_ms": _quantile(ms, 0.99),
             "mean_ms": statistics.fmean(ms), "min_ms": min(ms), "max_ms": max(ms)}
-
-
-def machine_busy_s() -> float | None:
-    """CPU seconds every process on the machine has used (user+nice+system+irq+softirq+steal
-    from /proc/stat), to tell what other processes took during a measurement."""
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except (OSError, IndexError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` (and its reaped children) so far."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_quiet(max_wait: float, cores: float = QUIET_CORES, window: float = 2.0
@@ -242,6 +230,7 @@ async def _admin_servers(spec: dict[str, Any]) -> dict[str, Any]:
 
     from certs import tls
     from meshd.admin import AdminService
+    from meshd.control import ControlPlane
     from proto.mesh.v1 import admin_pb2_grpc
     from tests.admin_server import dev_security, start_admin
 
@@ -253,14 +242,17 @@ async def _admin_servers(spec: dict[str, Any]) -> dict[str, Any]:
         def clock() -> float:
             return 1000.0
 
+        control = ControlPlane(swim.name, sec.dir, sec, coordinator=False)
+        control.attach(swim, None, "")
         ports = {s: _free_port() for s in SERVERS}
+        service = AdminService(swim, clock, plane, sec, control)
         plain = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(swim, clock, plane, sec), plain)
+        admin_pb2_grpc.add_AdminServicer_to_server(service, plain)
         plain.add_insecure_port(f"127.0.0.1:{ports['plaintext']}")
         await plain.start()
         # mTLS alone: the handshake's and the records' cost without the RBAC interceptor.
         bare = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(swim, clock, plane, sec), bare)
+        admin_pb2_grpc.add_AdminServicer_to_server(service, bare)
         bare.add_secure_port(f"127.0.0.1:{ports['mtls_only']}",
                              tls.grpc_server_credentials(lambda: sec.identity))
         await bare.start()
@@ -296,7 +288,7 @@ async def _admin_servers(spec: dict[str, Any]) -> dict[str, Any]:
                                                - result["client_cpu_s"])
         result["parts"] = _interceptor_parts(sec, tmp, spec["parts_calls"])
         result["parts"]["members_handler_us"] = await _handler_alone(
-            AdminService(swim, clock, plane, sec), spec["parts_calls"] // 10)
+            AdminService(swim, clock, plane, sec, control), spec["parts_calls"] // 10)
         return result
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -431,7 +423,7 @@ def enroll_run(workdir: Path, n: int, timeout: float) -> dict[str, Any]:
     CertificateAuthority.create(TRUST_DOMAIN).save(ca_dir)
     ca = CertificateAuthority.load(ca_dir)
     token, claims = tokens.create(ca, uses=n - 1, ttl=600, now=time.time())
-    loadavg_before = _loadavg()
+    loadavg_before = loadavg()
     c = Cluster(n, workdir, profile="lan", provision=False,
                 node_args=lambda i: ["--ca-dir", str(ca_dir)] if i == 1 else [],
                 node_env=lambda i: {} if i == 1 else {"MESHD_JOIN_TOKEN": token})
@@ -512,13 +504,6 @@ def enroll_run(workdir: Path, n: int, timeout: float) -> dict[str, Any]:
                 "identity_s_per_node": dict(sorted(have_id.items(), key=lambda kv: kv[1]))}
     finally:
         c.close()
-
-
-def _loadavg() -> list[float]:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except (OSError, ValueError):
-        return []
 
 
 def _refusals(samples: list[tuple[str, dict[str, str], float]]) -> dict[tuple[str, str], float]:

@@ -86,7 +86,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
-from bench.table import format_table, machine_info, print_table  # noqa: E402
+from bench.table import (  # noqa: E402
+    format_table,
+    loadavg,
+    machine_busy_s,
+    machine_info,
+    print_table,
+    proc_cpu_s,
+)
 
 SECTIONS = ("freshness", "cpu")
 SUBSCRIBED_P99_BAR_S = 0.25
@@ -135,31 +142,6 @@ def _log(msg: str) -> None:
     print(f"  {msg}", file=sys.stderr, flush=True)
 
 
-def _loadavg() -> list[float]:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except (OSError, ValueError):
-        return []
-
-
-def _busy_s() -> float | None:
-    """CPU seconds the whole machine has used (from /proc/stat)."""
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except (OSError, IndexError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class CpuWatch:
     """CPU used during a measurement by groups of our processes (``groups()`` -> {name: pids},
     asked at the start and the end, so processes that come and go are caught) and by the rest
@@ -168,19 +150,19 @@ class CpuWatch:
     def __init__(self, groups: Callable[[], dict[str, list[int]]]) -> None:
         self.groups = groups
         self.t0 = time.monotonic()
-        self.busy0 = _busy_s()
-        self.load0 = _loadavg()
+        self.busy0 = machine_busy_s()
+        self.load0 = loadavg()
         self.cpu0 = self._sample()
 
     def _sample(self) -> dict[str, dict[int, float]]:
         out: dict[str, dict[int, float]] = {}
         for name, pids in self.groups().items():
-            out[name] = {p: v for p in pids if (v := _proc_cpu_s(p)) is not None}
+            out[name] = {p: v for p in pids if (v := proc_cpu_s(p)) is not None}
         return out
 
     def done(self) -> dict[str, Any]:
         wall = time.monotonic() - self.t0
-        busy1 = _busy_s()
+        busy1 = machine_busy_s()
         cpu1 = self._sample()
         groups: dict[str, dict[str, float]] = {}
         ours = 0.0
@@ -193,7 +175,7 @@ class CpuWatch:
         if self.busy0 is not None and busy1 is not None and wall > 0:
             other = max(0.0, busy1 - self.busy0 - ours) / wall
         return {"wall_s": wall, "groups": groups, "our_cores": ours / max(wall, 1e-9),
-                "other_cores": other, "loadavg_before": self.load0, "loadavg_after": _loadavg()}
+                "other_cores": other, "loadavg_before": self.load0, "loadavg_after": loadavg()}
 
 
 def _git() -> dict[str, Any]:
@@ -1283,7 +1265,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     failed: list[str] = []
     print(f"signals: sections {','.join(s for s in SECTIONS if s in sections)}"
-          f"{' (quick)' if q else ''}; work dir {workdir}; load average {_loadavg()}",
+          f"{' (quick)' if q else ''}; work dir {workdir}; load average {loadavg()}",
           file=sys.stderr, flush=True)
     servers: list[Any] = []
     try:
@@ -1340,7 +1322,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "signals", "quick": q, "argv": sys.argv,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
-        "loadavg_end": _loadavg(), "git": _git(), "wall_s": wall,
+        "loadavg_end": loadavg(), "git": _git(), "wall_s": wall,
         "setup": {"agents": args.agents, "tritons": args.tritons, "duration_s": args.duration,
                   "scrape_ms": args.scrape_ms, "poll_ms": args.poll_ms,
                   "load_rate_per_triton": args.load_rate, "burst": args.burst,

@@ -37,3 +37,31 @@ def machine_info() -> dict[str, Any]:
     return {"python": platform.python_version(), "implementation":
             platform.python_implementation(), "machine": platform.machine(),
             "system": platform.platform(), "cpu_count": os.cpu_count(), "cpu_model": model}
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages ([] where /proc is missing)."""
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return []
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds every process on the machine has used (user+nice+system+irq+softirq+steal
+    from /proc/stat), to tell what other processes took during a measurement."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` (and its reaped children) so far; None when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
