@@ -151,22 +151,12 @@ def _quota(name: str, value: float) -> dict[str, Any]:
     return {"kind": "TenantQuota", "name": name, "spec": {"requests_per_second": value}}
 
 
-def _port_free(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def _raft_port(ips: list[str], span: int = 2) -> int:
+    from tests.cluster import port_free
+
     for _ in range(200):
         port = random.randrange(*RAFT_PORTS)
-        if all(_port_free(ip, port + k) for ip in ips for k in range(span)):
+        if all(port_free(ip, port + k) for ip in ips for k in range(span)):
             return port
     raise RuntimeError(f"no free Raft port in {RAFT_PORTS}")
 

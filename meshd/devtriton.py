@@ -94,6 +94,11 @@ class TritonUnavailable(RuntimeError):
 class TritonStartError(RuntimeError):
     """``tritonserver`` died or did not become ready; the message ends with its log tail."""
 
+    def __init__(self, server: str, message: str) -> None:
+        super().__init__(message)
+        self.server = server
+        """The name of the server that failed."""
+
 
 # --------------------------------------------------------------------------- the installation
 
@@ -507,9 +512,9 @@ class TritonServer:
                     self._launch()
                     self._wait_ready(max(deadline - time.monotonic(), 5.0), retries - 1)
                     return
-                raise TritonStartError(
+                raise TritonStartError(self.name, (
                     f"tritonserver {self.name} exited with code {code} before it was ready; "
-                    f"log {self.log_path}:\n{tail}")
+                    f"log {self.log_path}:\n{tail}"))
             while urls:
                 try:
                     with urllib.request.urlopen(urls[0], timeout=1.0) as resp:
@@ -525,7 +530,7 @@ class TritonServer:
                 tail = self.log_tail()
                 self.stop()
                 raise TritonStartError(
-                    f"tritonserver {self.name} not ready after {timeout:.0f} s; "
+                    self.name, f"tritonserver {self.name} not ready after {timeout:.0f} s; "
                     f"log {self.log_path}:\n{tail}")
             time.sleep(0.05)
 

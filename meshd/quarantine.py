@@ -66,15 +66,15 @@ class AutoQuarantine:
             except Exception:  # noqa: BLE001 - one bad look must not end health checks
                 log.exception("health check failed")
 
-    async def check(self) -> bool:
-        """One look; False when a write failed (after sleeping out the retry delay)."""
+    async def check(self) -> None:
+        """One look, and the write it calls for (a failed write sleeps out the retry delay)."""
         stored = self.control.views["policy"].store.get("NodeFlags", self.node)
         quarantined = stored.document.spec.get("quarantined") if stored else None
         rules = rules_for(self.control, self.node)
         action = self.monitor.step(self.clock(), self.signals(), rules, quarantined)
         self._save()
         if action is None:
-            return True
+            return
         if isinstance(action, Quarantine):
             spec: dict[str, Any] = {"quarantined": {"reason": action.reason, "auto": True}}
             kind = "quarantine"
@@ -94,7 +94,7 @@ class AutoQuarantine:
                 "event": "auto_quarantine_failed", "action": kind,
                 "detail": str(result.get("message") or result.get("error"))})
             await asyncio.sleep(RETRY)
-            return False
+            return
         self.actions[kind] += 1
         if isinstance(action, Quarantine):
             log.warning("node quarantined itself", extra={
@@ -104,7 +104,6 @@ class AutoQuarantine:
         else:
             log.warning("automatic quarantine lifted", extra={
                 "event": "auto_quarantine_lifted", "reason": action.reason})
-        return True
 
     def _load(self) -> dict[str, int]:
         if self.path is None:

@@ -75,6 +75,7 @@ class SignalPlane:
         """Remote sections and pushes dropped, by reason."""
         self.current = NodeSignals(epoch=self.epoch)
         self._section: bytes | None = None
+        self._pushed: tuple[NodeSignals, bytes] | None = None
         self._subscribers: set[asyncio.Queue[NodeSignals]] = set()
         self._poked = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -191,6 +192,13 @@ class SignalPlane:
 
     def unsubscribe(self, queue: asyncio.Queue[NodeSignals]) -> None:
         self._subscribers.discard(queue)
+
+    def push_bytes(self, sig: NodeSignals) -> bytes:
+        """``sig`` as a subscription push, encoded once however many subscribers there are
+        (a receiver credits the time since encoding from the wall clocks, see signal_wire)."""
+        if self._pushed is None or self._pushed[0] is not sig:
+            self._pushed = (sig, encode(sig, self.clock(), self.wall()))
+        return self._pushed[1]
 
     # --- remote state -------------------------------------------------------------------
 

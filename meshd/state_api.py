@@ -15,7 +15,7 @@ import grpc
 
 from adapters.model import CommStats, GpuState, ReplicaState
 from meshd.authz import CALLER
-from meshd.signal_wire import MAX_TEXT, encode
+from meshd.signal_wire import MAX_TEXT
 from meshd.signals import SignalPlane
 from proto.mesh.v1 import state_pb2, state_pb2_grpc
 
@@ -157,8 +157,7 @@ class StatePlaneService(state_pb2_grpc.StatePlaneServicer):
             while True:
                 sig = await queue.get()
                 yield state_pb2.SignalsPush(node=self.plane.node,
-                                            signals=encode(sig, self.plane.clock(),
-                                                           self.plane.wall()))
+                                            signals=self.plane.push_bytes(sig))
         finally:
             self.plane.unsubscribe(queue)
 
