@@ -70,6 +70,10 @@ class BroadcastQueue:
     def contains(self, key: str) -> bool:
         return key in self._items
 
+    def drop(self, key: str) -> None:
+        """Forget the broadcast queued under ``key`` (one that would now mislead)."""
+        self._items.pop(key, None)
+
     def clear(self) -> None:
         self._items.clear()
 

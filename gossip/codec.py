@@ -20,9 +20,10 @@ VERSION = 1
 FLAG_ENCRYPTED = 0x01
 MAX_PACKET_BYTES = 65535
 
-PING, INDIRECT_PING, ACK, NACK, ALIVE, SUSPECT, DEAD, STATE = range(1, 9)
+PING, INDIRECT_PING, ACK, NACK, ALIVE, SUSPECT, DEAD, STATE, STATE_DELTA = range(1, 10)
 MESSAGE_NAMES = {PING: "ping", INDIRECT_PING: "indirect_ping", ACK: "ack", NACK: "nack",
-                 ALIVE: "alive", SUSPECT: "suspect", DEAD: "dead", STATE: "state"}
+                 ALIVE: "alive", SUSPECT: "suspect", DEAD: "dead", STATE: "state",
+                 STATE_DELTA: "state_delta"}
 
 MAX_NAME = 128
 MAX_HOST = 255
@@ -83,6 +84,10 @@ def dead(incarnation: int, name: str, from_node: str) -> bytes:
 
 def state(name: str, version: int, blob: bytes) -> bytes:
     return _pack([STATE, name, version, blob])
+
+
+def state_delta(name: str, version: int, delta: bytes) -> bytes:
+    return _pack([STATE_DELTA, name, version, delta])
 
 
 def compound(messages: list[bytes]) -> bytes:
@@ -167,6 +172,7 @@ _SCHEMAS: dict[int, tuple[Any, ...]] = {
     SUSPECT: (_is_u64, _is_name, _is_name),
     DEAD: (_is_u64, _is_name, _is_name),
     STATE: (_is_name, _is_u64, lambda v: _is_bytes(v, MAX_BLOB)),
+    STATE_DELTA: (_is_name, _is_u64, lambda v: _is_bytes(v, MAX_BLOB)),
 }
 
 

@@ -95,8 +95,9 @@ class Config:
     """Upper bound on one node's published state blob (carried in full by push-pull)."""
 
     max_state_delta_bytes: int = 1024
-    """State updates up to this size also ride the broadcast queue; larger ones spread by
-    push-pull only."""
+    """State updates up to this size also ride the broadcast queue; larger ones spread whole by
+    push-pull only, and their owner's delta (``Swim.publish_state``) rides in their place when
+    it fits."""
 
     max_stream_bytes: int = 32 * 1024 * 1024
     """Largest push-pull payload accepted (10,000 members with metadata fit easily)."""

@@ -27,6 +27,8 @@ class EventKind(enum.Enum):
     """Another address claims a live member's name; the claim was ignored."""
     STATE = "state"
     """A member published a new version of its node state."""
+    DELTA = "delta"
+    """A member published a delta past the node state we hold (``Swim.node_delta``)."""
     REAP = "reap"
     """A dead or left member was forgotten after ``reap_time``."""
 

@@ -139,6 +139,7 @@ class Swim:
         self._not_live: set[str] = set()  # dead/left members, for reaping without a full scan
         self._suspicions: dict[str, Suspicion] = {}
         self._states: dict[str, _NodeState] = {}
+        self._deltas: dict[str, _NodeState] = {}  # newest delta past each member's state
         self._broadcasts = BroadcastQueue()
         self._out: list[tuple[bytes, Addr]] = []
         self._streams: list[StreamRequest] = []
@@ -188,6 +189,12 @@ class Swim:
     def node_state(self, name: str) -> tuple[int, bytes] | None:
         """The newest ``(version, blob)`` a member has published, if any."""
         st = self._states.get(name)
+        return (st.version, st.blob) if st else None
+
+    def node_delta(self, name: str) -> tuple[int, bytes] | None:
+        """The newest delta a member has published past its state :meth:`node_state` holds
+        (None when the state is as new): the owner applies it over that state."""
+        st = self._deltas.get(name)
         return (st.version, st.blob) if st else None
 
     def broadcast_queue_depth(self) -> int:
@@ -272,8 +279,14 @@ class Swim:
         self._set_member(me)
         self._queue_alive(me)
 
-    def publish_state(self, blob: bytes, now: float) -> int:
-        """Publish a new version of this node's state blob; returns the version."""
+    def publish_state(self, blob: bytes, now: float, delta: bytes | None = None) -> int:
+        """Publish a new version of this node's state blob; returns the version.
+
+        A blob within ``max_state_delta_bytes`` is broadcast whole.  A larger one spreads by
+        push-pull only, and ``delta`` (what changed, in a form only the owner understands)
+        is broadcast instead when it fits: receivers hand it to their owner as a
+        :attr:`EventKind.DELTA` over the older blob they hold, until push-pull brings the blob.
+        """
         if len(blob) > self.config.max_state_bytes:
             raise ValueError(
                 f"node state is {len(blob)} bytes, limit {self.config.max_state_bytes}")
@@ -281,8 +294,14 @@ class Swim:
         # Continue past anything an older life of ours published (u64 on the wire: saturate).
         version = min(max(cur.version if cur else 0, self._own_state_seen) + 1, codec.MAX_U64)
         self._states[self.name] = _NodeState(version, blob)
-        if len(blob) <= self.config.max_state_delta_bytes:
+        limit = self.config.max_state_delta_bytes
+        if len(blob) <= limit:
             self._broadcasts.queue("s:" + self.name, codec.state(self.name, version, blob))
+        elif delta is not None and len(delta) <= limit:
+            self._broadcasts.queue("s:" + self.name,
+                                   codec.state_delta(self.name, version, delta))
+        else:
+            self._broadcasts.drop("s:" + self.name)  # an older version is no use to anyone
         return version
 
     def restore(self, members: dict[str, Member], nodes: list[str] | None = None,
@@ -413,6 +432,8 @@ class Swim:
             self.stats.nacks_received += 1
         elif kind == codec.STATE:
             self._on_state(msg[1], msg[2], msg[3], now)
+        elif kind == codec.STATE_DELTA:
+            self._on_state_delta(msg[1], msg[2], msg[3], now)
 
     # --- probing ---------------------------------------------------------------------------
 
@@ -674,16 +695,19 @@ class Swim:
         self.stats.refutations += 1
         self._emit(EventKind.REFUTE, me, now, f"refuted incarnation {accused_inc}")
 
+    def _own_version_seen(self, version: int, now: float) -> None:
+        cur = self._states.get(self.name)
+        if cur is None:
+            # Not published yet in this life: remember where the old life got to.
+            self._own_state_seen = max(self._own_state_seen, version)
+        elif version > cur.version:
+            # An older life of ours published further: continue past it.
+            self._states[self.name] = _NodeState(version, cur.blob)
+            self.publish_state(cur.blob, now)
+
     def _on_state(self, name: str, version: int, blob: bytes, now: float) -> None:
         if name == self.name:
-            cur = self._states.get(name)
-            if cur is None:
-                # Not published yet in this life: remember where the old life got to.
-                self._own_state_seen = max(self._own_state_seen, version)
-            elif version > cur.version:
-                # An older life of ours published further: continue past it.
-                self._states[name] = _NodeState(version, cur.blob)
-                self.publish_state(cur.blob, now)
+            self._own_version_seen(version, now)
             return
         if name not in self._members or len(blob) > self.config.max_state_bytes:
             return
@@ -691,9 +715,29 @@ class Swim:
         if cur is not None and version <= cur.version:
             return
         self._states[name] = _NodeState(version, blob)
+        delta = self._deltas.get(name)
+        if delta is not None and delta.version <= version:
+            del self._deltas[name]
+            delta = None
         if len(blob) <= self.config.max_state_delta_bytes:
             self._broadcasts.queue("s:" + name, codec.state(name, version, blob))
+        elif delta is None:
+            self._broadcasts.drop("s:" + name)
         self._emit(EventKind.STATE, self._members[name], now, f"version {version}")
+
+    def _on_state_delta(self, name: str, version: int, delta: bytes, now: float) -> None:
+        if name == self.name:
+            self._own_version_seen(version, now)
+            return
+        if name not in self._members or len(delta) > self.config.max_state_delta_bytes:
+            return
+        cur, seen = self._states.get(name), self._deltas.get(name)
+        if (cur is not None and version <= cur.version) or (
+                seen is not None and version <= seen.version):
+            return
+        self._deltas[name] = _NodeState(version, delta)
+        self._broadcasts.queue("s:" + name, codec.state_delta(name, version, delta))
+        self._emit(EventKind.DELTA, self._members[name], now, f"version {version}")
 
     # --- push-pull -------------------------------------------------------------------------
 
@@ -827,6 +871,7 @@ class Swim:
             del self._members[name]
             self._not_live.discard(name)
             self._states.pop(name, None)
+            self._deltas.pop(name, None)
             self._emit(EventKind.REAP, Member(name, ("", 0), 0, Status.DEAD), now)
         if gone:
             gone_set = set(gone)

@@ -239,6 +239,7 @@ class Agent:
         swim = Swim(config, s.node, (adv_host, adv_port), meta, now=loop.time(),
                     keyring=keyring, incarnation=incarnation, probe_hook=self.coordinates)
         self.swim = swim
+        self._state.delta_limit = config.max_state_delta_bytes
         sec.members = lambda: [(m.name, m.addr, m.meta.ports_dict) for m in swim.members()
                                if m.live]
         sec.changed = self._publish_now.set
@@ -361,10 +362,12 @@ class Agent:
                     "status": m.status.label, "detail": ev.detail})
             persist |= ev.kind in (EventKind.JOIN, EventKind.FAILED, EventKind.LEFT,
                                    EventKind.REFUTE)
-            if ev.kind != EventKind.STATE:
+            if ev.kind not in (EventKind.STATE, EventKind.DELTA):
                 self.control.member_event(ev.kind.value, m.name)
             if ev.kind == EventKind.STATE:
                 self._learn_state(m.name)
+            elif ev.kind == EventKind.DELTA:
+                self._learn_delta(m.name)
             elif ev.kind in (EventKind.LEFT, EventKind.REAP):
                 self.coordinates.forget(m.name)
                 self.security.forget(m.name)
@@ -373,24 +376,59 @@ class Agent:
             self._save_state()
 
     def _learn_state(self, name: str) -> None:
-        """A member published a new node state: take the sections we understand."""
+        """A member published a new node state: take the sections we understand (and then
+        any delta it published since, which gossip holds until push-pull brings its blob)."""
+        sections = self._sections_of(name)
+        if sections is None:
+            return
+        self._learn_sections(name, sections)
+        if self.swim is not None and self.swim.node_delta(name) is not None:
+            self._learn_delta(name)
+
+    def _learn_delta(self, name: str) -> None:
+        """A member published a delta over the state we hold: whole sections replace ours,
+        patches go to the section's owner."""
+        assert self.swim is not None
+        held = self.swim.node_delta(name)
+        if held is None:
+            return
+        try:
+            whole, patches = nodestate.decode_delta(held[1])
+        except nodestate.NodeStateError as exc:
+            log.debug("bad node state delta", extra={"event": "bad_node_state",
+                                                     "member": name, "detail": str(exc)})
+            self.coordinates.rejected["malformed"] += 1
+            return
+        sections = self._sections_of(name) or {}
+        self._learn_sections(name, {**sections, **whole}, changed=set(whole))
+        patch = patches.get(SIGNALS_SECTION)
+        if patch is not None:
+            self.signals.learn_patch(name, patch)
+
+    def _sections_of(self, name: str) -> dict[str, bytes] | None:
         assert self.swim is not None
         published = self.swim.node_state(name)
         if published is None:
-            return
+            return None
         try:
-            sections = nodestate.decode(published[1])
+            return nodestate.decode(published[1])
         except nodestate.NodeStateError as exc:
             log.debug("bad node state", extra={"event": "bad_node_state", "member": name,
                                                "detail": str(exc)})
             self.coordinates.rejected["malformed"] += 1
-            return
+            return None
+
+    def _learn_sections(self, name: str, sections: dict[str, bytes],
+                        changed: set[str] | None = None) -> None:
+        """Hand each layer its sections; ``changed`` (a delta's) spares the layers that keep
+        versions of their own a re-read of an older copy."""
         coord = sections.get(nodestate.COORDINATE)
-        if coord is not None:
+        if coord is not None and (changed is None or nodestate.COORDINATE in changed):
             self.coordinates.learned(name, coord)
         self.security.learn(name, sections)
         self.control.learn(name, sections)
-        self.signals.learn(name, sections)
+        if changed is None or SIGNALS_SECTION in changed:
+            self.signals.learn(name, sections)
 
     def _flags_of(self, name: str) -> list[str]:
         return self.control.flags_of(name)
@@ -431,10 +469,11 @@ class Agent:
                 self._state.set(RAFT_SECTION, raft)
             sig = self.signals.section()
             if sig is not None:
-                self._state.set(SIGNALS_SECTION, sig)
-            blob = self._state.take()
-            if blob is not None:
-                self.swim.publish_state(blob, now)
+                self._state.set(SIGNALS_SECTION, sig, self.signals.patch())
+            published = self._state.take()
+            if published is not None:
+                blob, delta = published
+                self.swim.publish_state(blob, now, delta)
                 self.transport.poke()
             errors = self.coordinates.estimate_errors
             if self.metrics is not None:

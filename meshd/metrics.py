@@ -332,6 +332,17 @@ class SignalCollector(Collector):
                                        labels=["node", "reason"])
         for reason, count in sp.rejected.items():
             rejected.add_metric([n, reason], count)
+        patches = CounterMetricFamily(
+            "meshd_signal_patches", "Telemetry patches gossiped by peers, by what became of them",
+            labels=["node", "outcome"])
+        for outcome in ("applied", "no_base", "stale", "malformed"):
+            patches.add_metric([n, outcome], sp.patch_outcomes.get(outcome, 0))
+        rebases = CounterMetricFamily(
+            "meshd_signal_patch_rebases", "Times this node's patches moved their base, by where "
+            "to (start: a first publication; previous: the last one; current: this one, as "
+            "the rows changed since the last did not fit)", labels=["node", "to"])
+        for to, count in sp.patches.rebases.items():
+            rebases.add_metric([n, to], count)
         known = GaugeMetricFamily("meshd_signal_nodes_known",
                                   "Nodes whose telemetry this node holds, by path",
                                   labels=["node", "via"])
@@ -340,7 +351,7 @@ class SignalCollector(Collector):
             vias[entry.via] = vias.get(entry.via, 0) + 1
         for via, count in vias.items():
             known.add_metric([n, via], count)
-        yield from (pubs, rejected, known)
+        yield from (pubs, rejected, patches, rebases, known)
 
 
 class HealthCollector(Collector):

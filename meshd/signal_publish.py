@@ -48,7 +48,7 @@ def _moved(old: float | None, new: float | None, rel: float) -> bool:
     return abs(new - old) > rel * max(abs(old), 1e-9)
 
 
-def _replica_reason(a: ReplicaState, b: ReplicaState, cfg: PublishConfig) -> str | None:
+def replica_reason(a: ReplicaState, b: ReplicaState, cfg: PublishConfig) -> str | None:
     if a.ready != b.ready:
         return "ready"
     if (a.instances, a.max_batch, a.dynamic_batching) != (b.instances, b.max_batch,
@@ -69,7 +69,7 @@ def _replica_reason(a: ReplicaState, b: ReplicaState, cfg: PublishConfig) -> str
     return None
 
 
-def _gpu_reason(a: GpuState, b: GpuState, cfg: PublishConfig) -> str | None:
+def gpu_reason(a: GpuState, b: GpuState, cfg: PublishConfig) -> str | None:
     if abs(a.memory_free - b.memory_free) > cfg.memory_rel * max(b.memory_total, 1):
         return "gpu_memory"
     if (a.ecc_uncorrected, a.throttle, a.mig) != (b.ecc_uncorrected, b.throttle, b.mig):
@@ -91,14 +91,14 @@ def material(old: NodeSignals | None, new: NodeSignals, cfg: PublishConfig) -> s
     if olds.keys() != news.keys():
         return "replicas"
     for key, b in news.items():
-        reason = _replica_reason(olds[key], b, cfg)
+        reason = replica_reason(olds[key], b, cfg)
         if reason:
             return reason
     oldg = {g.uuid: g for g in old.gpus}
     if oldg.keys() != {g.uuid for g in new.gpus}:
         return "gpus"
     for g in new.gpus:
-        reason = _gpu_reason(oldg[g.uuid], g, cfg)
+        reason = gpu_reason(oldg[g.uuid], g, cfg)
         if reason:
             return reason
     if len(new.comm) != len(old.comm) or any(

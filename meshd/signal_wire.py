@@ -1,7 +1,9 @@
 """The wire form of a node's telemetry: the ``sig`` node-state section and subscription pushes.
 
 One msgpack map, rows as arrays (no per-row keys) and floats as float32, so a node with a few
-models and GPUs stays well under gossip's 1 KiB broadcast limit.  Times travel as **ages** in
+models and GPUs stays well under gossip's 1 KiB broadcast limit.  A larger node's section
+travels whole only by push-pull; between those, gossip carries a :class:`Patch`: the rows that
+changed since a base seq, in the same row forms.  Times travel as **ages** in
 milliseconds at encoding time, never as clock readings: agents' monotonic clocks are
 unrelated, and the receiver rebuilds "measured at" from its own clock minus the age.
 
@@ -27,7 +29,7 @@ from typing import Any
 
 import msgpack
 
-from adapters.model import CommStats, GpuState, MigProfile, ReplicaState
+from adapters.model import CommStats, GpuState, MigProfile, ReplicaState, replica_key
 
 SECTION = "sig"
 """Node-state section name."""
@@ -67,24 +69,106 @@ def _age(now: float, at: float | None) -> int:
     return max(0, min(MAX_AGE_MS, round((now - at) * 1000)))
 
 
+def replica_row(r: ReplicaState, now: float) -> list[Any]:
+    return [r.model, r.version, r.endpoint, r.runtime, r.ready, r.queue, r.inflight,
+            r.instances, r.max_batch, r.dynamic_batching, r.rate, r.queue_seconds,
+            r.compute_seconds, r.spu, r.latency_ewma, r.latency_p95, r.failures,
+            [_age(now, r.at.get(g)) for g in AGE_GROUPS]]
+
+
+def gpu_row(g: GpuState, now: float) -> list[Any]:
+    return [g.uuid, g.index, g.name, g.memory_total, g.memory_free, g.sm_util, g.mem_util,
+            g.temperature_c, g.power_w, g.ecc_uncorrected, g.ecc_corrected, list(g.throttle),
+            [[m.uuid, m.profile, m.memory_total, m.memory_free] for m in g.mig], _age(now, g.at)]
+
+
+def comm_row(c: CommStats, now: float) -> list[Any]:
+    return [c.job, c.op, c.seconds, c.bytes, c.algorithm, c.world_size, list(c.peers),
+            _age(now, c.at)]
+
+
+def pack(doc: Any) -> bytes:
+    """The wire encoding of a section, a patch or one row (rows are sized one by one)."""
+    return bytes(msgpack.packb(doc, use_bin_type=True, use_single_float=True))
+
+
 def encode(sig: NodeSignals, now: float, wall: float | None = None) -> bytes:
     """``now`` is the monotonic clock the ``at`` times use; ``wall`` is ``time.time()``."""
-    replicas = [[r.model, r.version, r.endpoint, r.runtime, r.ready, r.queue, r.inflight,
-                 r.instances, r.max_batch, r.dynamic_batching, r.rate, r.queue_seconds,
-                 r.compute_seconds, r.spu, r.latency_ewma, r.latency_p95, r.failures,
-                 [_age(now, r.at.get(g)) for g in AGE_GROUPS]] for r in sig.replicas]
-    gpus = [[g.uuid, g.index, g.name, g.memory_total, g.memory_free, g.sm_util, g.mem_util,
-             g.temperature_c, g.power_w, g.ecc_uncorrected, g.ecc_corrected, list(g.throttle),
-             [[m.uuid, m.profile, m.memory_total, m.memory_free] for m in g.mig],
-             _age(now, g.at)] for g in sig.gpus]
-    comm = [[c.job, c.op, c.seconds, c.bytes, c.algorithm, c.world_size, list(c.peers),
-             _age(now, c.at)] for c in sig.comm]
-    doc: dict[str, Any] = {"e": sig.epoch, "s": sig.seq, "r": replicas, "g": gpus, "c": comm}
+    doc: dict[str, Any] = {"e": sig.epoch, "s": sig.seq,
+                           "r": [replica_row(r, now) for r in sig.replicas],
+                           "g": [gpu_row(g, now) for g in sig.gpus],
+                           "c": [comm_row(c, now) for c in sig.comm]}
     if sig.cpu_only:
         doc["x"] = sig.cpu_only
     if wall is not None:
         doc["w"] = round(wall * 1000)
-    return bytes(msgpack.packb(doc, use_bin_type=True, use_single_float=True))
+    return pack(doc)
+
+
+@dataclass(slots=True)
+class Patch:
+    """The rows of a node's signals that changed since a base ``seq`` it published earlier.
+
+    A patch is *cumulative*: it carries the current value of every row that changed materially
+    at any point since ``base`` (see :mod:`meshd.signal_patch`), so it brings any copy of the
+    same epoch whose seq is in ``[base, seq)`` up to ``seq``, however many patches that copy
+    missed.  ``comm`` and ``cpu_only`` are None when unchanged since the base.
+    """
+
+    epoch: int
+    base: int
+    seq: int
+    replicas: list[ReplicaState] = field(default_factory=list)
+    removed: list[tuple[str, str, str]] = field(default_factory=list)
+    """Replicas gone since the base, as ``(model, version, endpoint)``."""
+    gpus: list[GpuState] = field(default_factory=list)
+    removed_gpus: list[str] = field(default_factory=list)
+    comm: list[CommStats] | None = None
+    cpu_only: str | None = None
+
+    def applies_to(self, sig: NodeSignals) -> bool:
+        """Whether ``sig`` is a copy this patch can bring up to date."""
+        return sig.epoch == self.epoch and self.base <= sig.seq < self.seq
+
+    def apply(self, sig: NodeSignals) -> NodeSignals:
+        """``sig`` with this patch's rows put in (rows keep their places; new ones go last)."""
+        reps = {r.key: r for r in sig.replicas}
+        for model, version, endpoint in self.removed:
+            reps.pop(replica_key(endpoint, model, version), None)
+        for r in self.replicas:
+            reps[r.key] = r
+        gpus = {g.uuid: g for g in sig.gpus}
+        for uuid in self.removed_gpus:
+            gpus.pop(uuid, None)
+        for g in self.gpus:
+            gpus[g.uuid] = g
+        return NodeSignals(
+            epoch=sig.epoch, seq=self.seq, replicas=list(reps.values()), gpus=list(gpus.values()),
+            comm=list(sig.comm if self.comm is None else self.comm),
+            cpu_only=sig.cpu_only if self.cpu_only is None else self.cpu_only)
+
+
+def encode_patch(patch: Patch, now: float, wall: float | None = None) -> bytes:
+    return pack(patch_doc(patch, now, wall))
+
+
+def patch_doc(patch: Patch, now: float, wall: float | None = None) -> dict[str, Any]:
+    doc: dict[str, Any] = {"e": patch.epoch, "b": patch.base, "s": patch.seq}
+    if patch.replicas:
+        doc["r"] = [replica_row(r, now) for r in patch.replicas]
+    if patch.removed:
+        doc["rd"] = [list(k) for k in patch.removed]
+    if patch.gpus:
+        doc["g"] = [gpu_row(g, now) for g in patch.gpus]
+    if patch.removed_gpus:
+        doc["gd"] = list(patch.removed_gpus)
+    if patch.comm is not None:
+        doc["c"] = [comm_row(c, now) for c in patch.comm]
+    if patch.cpu_only is not None:
+        doc["x"] = patch.cpu_only
+    if wall is not None:
+        doc["w"] = round(wall * 1000)
+    return doc
 
 
 # --- decoding -------------------------------------------------------------------------------
@@ -142,9 +226,70 @@ def transit(doc: dict[str, Any], wall: float | None) -> float:
     return min(MAX_TRANSIT, max(0.0, wall - sent / 1000.0))
 
 
-def decode(raw: bytes, received: float, wall: float | None = None) -> NodeSignals:
-    """Parse a section; ``received`` is the local monotonic time it arrived (ages -> times)
-    and ``wall`` the local ``time.time()`` then (adds the transit time to every age)."""
+def _replica(r: list[Any], w: str, received: float) -> ReplicaState:
+    ages = r[17]
+    if not isinstance(ages, list) or len(ages) != len(AGE_GROUPS):
+        raise SignalWireError(f"{w}.ages: expected {len(AGE_GROUPS)} ages")
+    rep = ReplicaState(
+        model=_text(r[0], f"{w}.model", empty=False), version=_text(r[1], f"{w}.version"),
+        endpoint=_text(r[2], f"{w}.endpoint", empty=False),
+        runtime=_text(r[3], f"{w}.runtime", empty=False), ready=_bool(r[4], f"{w}.ready"),
+        queue=_int(r[5], f"{w}.queue", 0, 2**31, none=True),
+        inflight=_int(r[6], f"{w}.inflight", 0, 2**31, none=True),
+        instances=_int(r[7], f"{w}.instances", 1, 1 << 16),
+        max_batch=_int(r[8], f"{w}.max_batch", 0, 1 << 24),
+        dynamic_batching=_bool(r[9], f"{w}.dynamic_batching"),
+        rate=_num(r[10], f"{w}.rate"), queue_seconds=_num(r[11], f"{w}.queue_seconds"),
+        compute_seconds=_num(r[12], f"{w}.compute_seconds"), spu=_num(r[13], f"{w}.spu"),
+        latency_ewma=_num(r[14], f"{w}.latency_ewma"),
+        latency_p95=_num(r[15], f"{w}.latency_p95"),
+        failures=_int(r[16], f"{w}.failures", 0, 2**31))
+    for group, age in zip(AGE_GROUPS, ages, strict=True):
+        at = _at(age, f"{w}.ages.{group}", received)
+        if at:
+            rep.at[group] = at
+    return rep
+
+
+def _gpu(g: list[Any], w: str, received: float) -> GpuState:
+    throttle, mig = g[11], g[12]
+    if not isinstance(throttle, list) or len(throttle) > 16:
+        raise SignalWireError(f"{w}.throttle: expected a list of names")
+    if not isinstance(mig, list) or len(mig) > 64 or not all(
+            isinstance(m, list) and len(m) == 4 for m in mig):
+        raise SignalWireError(f"{w}.mig: expected rows of 4 fields")
+    total = _int(g[3], f"{w}.memory_total")
+    return GpuState(
+        uuid=_text(g[0], f"{w}.uuid", empty=False), index=_int(g[1], f"{w}.index", 0, 1024),
+        name=_text(g[2], f"{w}.name"), memory_total=total,
+        memory_free=_int(g[4], f"{w}.memory_free", 0, total),
+        sm_util=_num(g[5], f"{w}.sm_util", 100), mem_util=_num(g[6], f"{w}.mem_util", 100),
+        temperature_c=_num(g[7], f"{w}.temperature_c", 1000),
+        power_w=_num(g[8], f"{w}.power_w", 1e5),
+        ecc_uncorrected=_int(g[9], f"{w}.ecc_uncorrected", none=True),
+        ecc_corrected=_int(g[10], f"{w}.ecc_corrected", none=True),
+        throttle=tuple(_text(t, f"{w}.throttle", empty=False) for t in throttle),
+        mig=tuple(MigProfile(_text(m[0], f"{w}.mig.uuid", empty=False),
+                             _text(m[1], f"{w}.mig.profile"),
+                             _int(m[2], f"{w}.mig.memory_total"),
+                             _int(m[3], f"{w}.mig.memory_free")) for m in mig),
+        at=_at(g[13], f"{w}.age", received))
+
+
+def _comm(c: list[Any], w: str, received: float) -> CommStats:
+    peers = c[6]
+    if not isinstance(peers, list) or len(peers) > 4096:
+        raise SignalWireError(f"{w}.peers: expected a list of node names")
+    return CommStats(
+        job=_text(c[0], f"{w}.job", empty=False), op=_text(c[1], f"{w}.op", empty=False),
+        seconds=_num(c[2], f"{w}.seconds") or 0.0, bytes=_int(c[3], f"{w}.bytes"),
+        algorithm=_text(c[4], f"{w}.algorithm"),
+        world_size=_int(c[5], f"{w}.world_size", 0, 1 << 20),
+        peers=tuple(_text(p, f"{w}.peers", empty=False) for p in peers),
+        at=_at(c[7], f"{w}.age", received))
+
+
+def _doc(raw: bytes) -> dict[str, Any]:
     try:
         doc = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_array_len=1 << 16,
                               max_map_len=64, max_str_len=1 << 12, max_bin_len=0)
@@ -152,68 +297,48 @@ def decode(raw: bytes, received: float, wall: float | None = None) -> NodeSignal
         raise SignalWireError(f"not msgpack: {exc}") from None
     if not isinstance(doc, dict):
         raise SignalWireError("expected a map")
+    return doc
+
+
+def decode(raw: bytes, received: float, wall: float | None = None) -> NodeSignals:
+    """Parse a section; ``received`` is the local monotonic time it arrived (ages -> times)
+    and ``wall`` the local ``time.time()`` then (adds the transit time to every age)."""
+    doc = _doc(raw)
     received -= transit(doc, wall)
     sig = NodeSignals(epoch=_int(doc.get("e"), "e", 0, 2**32), seq=_int(doc.get("s"), "s"))
-    x = doc.get("x", "")
-    sig.cpu_only = _text(x, "x")
-    for i, r in enumerate(_rows(doc, "r", 18, MAX_REPLICAS, "r")):
-        w = f"r[{i}]"
-        ages = r[17]
-        if not isinstance(ages, list) or len(ages) != len(AGE_GROUPS):
-            raise SignalWireError(f"{w}.ages: expected {len(AGE_GROUPS)} ages")
-        rep = ReplicaState(
-            model=_text(r[0], f"{w}.model", empty=False), version=_text(r[1], f"{w}.version"),
-            endpoint=_text(r[2], f"{w}.endpoint", empty=False),
-            runtime=_text(r[3], f"{w}.runtime", empty=False), ready=_bool(r[4], f"{w}.ready"),
-            queue=_int(r[5], f"{w}.queue", 0, 2**31, none=True),
-            inflight=_int(r[6], f"{w}.inflight", 0, 2**31, none=True),
-            instances=_int(r[7], f"{w}.instances", 1, 1 << 16),
-            max_batch=_int(r[8], f"{w}.max_batch", 0, 1 << 24),
-            dynamic_batching=_bool(r[9], f"{w}.dynamic_batching"),
-            rate=_num(r[10], f"{w}.rate"), queue_seconds=_num(r[11], f"{w}.queue_seconds"),
-            compute_seconds=_num(r[12], f"{w}.compute_seconds"), spu=_num(r[13], f"{w}.spu"),
-            latency_ewma=_num(r[14], f"{w}.latency_ewma"),
-            latency_p95=_num(r[15], f"{w}.latency_p95"),
-            failures=_int(r[16], f"{w}.failures", 0, 2**31))
-        for group, age in zip(AGE_GROUPS, ages, strict=True):
-            at = _at(age, f"{w}.ages.{group}", received)
-            if at:
-                rep.at[group] = at
-        sig.replicas.append(rep)
-    for i, g in enumerate(_rows(doc, "g", 14, MAX_GPUS, "g")):
-        w = f"g[{i}]"
-        throttle, mig = g[11], g[12]
-        if not isinstance(throttle, list) or len(throttle) > 16:
-            raise SignalWireError(f"{w}.throttle: expected a list of names")
-        if not isinstance(mig, list) or len(mig) > 64 or not all(
-                isinstance(m, list) and len(m) == 4 for m in mig):
-            raise SignalWireError(f"{w}.mig: expected rows of 4 fields")
-        total = _int(g[3], f"{w}.memory_total")
-        sig.gpus.append(GpuState(
-            uuid=_text(g[0], f"{w}.uuid", empty=False), index=_int(g[1], f"{w}.index", 0, 1024),
-            name=_text(g[2], f"{w}.name"), memory_total=total,
-            memory_free=_int(g[4], f"{w}.memory_free", 0, total),
-            sm_util=_num(g[5], f"{w}.sm_util", 100), mem_util=_num(g[6], f"{w}.mem_util", 100),
-            temperature_c=_num(g[7], f"{w}.temperature_c", 1000),
-            power_w=_num(g[8], f"{w}.power_w", 1e5),
-            ecc_uncorrected=_int(g[9], f"{w}.ecc_uncorrected", none=True),
-            ecc_corrected=_int(g[10], f"{w}.ecc_corrected", none=True),
-            throttle=tuple(_text(t, f"{w}.throttle", empty=False) for t in throttle),
-            mig=tuple(MigProfile(_text(m[0], f"{w}.mig.uuid", empty=False),
-                                 _text(m[1], f"{w}.mig.profile"),
-                                 _int(m[2], f"{w}.mig.memory_total"),
-                                 _int(m[3], f"{w}.mig.memory_free")) for m in mig),
-            at=_at(g[13], f"{w}.age", received)))
-    for i, c in enumerate(_rows(doc, "c", 8, MAX_COMM, "c")):
-        w = f"c[{i}]"
-        peers = c[6]
-        if not isinstance(peers, list) or len(peers) > 4096:
-            raise SignalWireError(f"{w}.peers: expected a list of node names")
-        sig.comm.append(CommStats(
-            job=_text(c[0], f"{w}.job", empty=False), op=_text(c[1], f"{w}.op", empty=False),
-            seconds=_num(c[2], f"{w}.seconds") or 0.0, bytes=_int(c[3], f"{w}.bytes"),
-            algorithm=_text(c[4], f"{w}.algorithm"),
-            world_size=_int(c[5], f"{w}.world_size", 0, 1 << 20),
-            peers=tuple(_text(p, f"{w}.peers", empty=False) for p in peers),
-            at=_at(c[7], f"{w}.age", received)))
+    sig.cpu_only = _text(doc.get("x", ""), "x")
+    sig.replicas = [_replica(r, f"r[{i}]", received)
+                    for i, r in enumerate(_rows(doc, "r", 18, MAX_REPLICAS, "r"))]
+    sig.gpus = [_gpu(g, f"g[{i}]", received)
+                for i, g in enumerate(_rows(doc, "g", 14, MAX_GPUS, "g"))]
+    sig.comm = [_comm(c, f"c[{i}]", received)
+                for i, c in enumerate(_rows(doc, "c", 8, MAX_COMM, "c"))]
     return sig
+
+
+def decode_patch(raw: bytes, received: float, wall: float | None = None) -> Patch:
+    """Parse a patch, as strictly as :func:`decode` parses a section."""
+    doc = _doc(raw)
+    received -= transit(doc, wall)
+    seq = _int(doc.get("s"), "s")
+    patch = Patch(epoch=_int(doc.get("e"), "e", 0, 2**32), base=_int(doc.get("b"), "b", 0, seq),
+                  seq=seq)
+    if patch.base >= seq:
+        raise SignalWireError("b: the base must come before the patch's seq")
+    patch.replicas = [_replica(r, f"r[{i}]", received)
+                      for i, r in enumerate(_rows(doc, "r", 18, MAX_REPLICAS, "r"))]
+    patch.removed = [(_text(k[0], f"rd[{i}].model", empty=False), _text(k[1], f"rd[{i}].version"),
+                      _text(k[2], f"rd[{i}].endpoint", empty=False))
+                     for i, k in enumerate(_rows(doc, "rd", 3, MAX_REPLICAS, "rd"))]
+    patch.gpus = [_gpu(g, f"g[{i}]", received)
+                  for i, g in enumerate(_rows(doc, "g", 14, MAX_GPUS, "g"))]
+    gone = doc.get("gd", [])
+    if not isinstance(gone, list) or len(gone) > MAX_GPUS:
+        raise SignalWireError(f"gd: expected a list of at most {MAX_GPUS} GPU uuids")
+    patch.removed_gpus = [_text(u, f"gd[{i}]", empty=False) for i, u in enumerate(gone)]
+    if "c" in doc:
+        patch.comm = [_comm(c, f"c[{i}]", received)
+                      for i, c in enumerate(_rows(doc, "c", 8, MAX_COMM, "c"))]
+    if "x" in doc:
+        patch.cpu_only = _text(doc["x"], "x")
+    return patch

@@ -4,7 +4,10 @@ gossip (gated) and subscribers (every change); remote signals -> the fused view.
 Own state is a fresh snapshot (copies, never the adapters' live objects) taken whenever an
 adapter reports a change.  Each snapshot gets the next ``seq`` of this run's ``epoch`` and is
 pushed to every subscriber at once; the gossip section is only replaced when
-:class:`~meshd.signal_publish.PublishGate` says the change is material (or due for a refresh).
+:class:`~meshd.signal_publish.PublishGate` says the change is material (or due for a refresh),
+and each such publication comes with a patch against an earlier one
+(:class:`~meshd.signal_patch.PatchTracker`) that gossip broadcasts when the whole section is
+too large to.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from gossip.protocol import Swim
 from meshd.fused import FusedState
 from meshd.peers import PeerChannels
 from meshd.security import Security
+from meshd.signal_patch import PatchTracker
 from meshd.signal_publish import PublishConfig, PublishGate
-from meshd.signal_wire import SECTION, NodeSignals, SignalWireError, decode, encode
+from meshd.signal_wire import SECTION, NodeSignals, SignalWireError, decode, decode_patch, encode
 from proto.mesh.v1 import state_pb2, state_pb2_grpc
 
 log = logging.getLogger("meshd.signals")
@@ -60,6 +64,7 @@ class SignalPlane:
         self.seq = 0
         self.fused = FusedState(node, flags_of)
         self.gate = PublishGate(publish)
+        self.patches = PatchTracker(self.gate.cfg)
         self.heartbeat = min(queue_interval, HEARTBEAT) if triton else HEARTBEAT
         self.triton = [TritonAdapter(ep, queue_interval=queue_interval,
                                      stats_interval=stats_interval, on_update=self._poke,
@@ -73,8 +78,12 @@ class SignalPlane:
         """Ask the agent to republish its node state (set by the agent)."""
         self.rejected: Counter[str] = Counter()
         """Remote sections and pushes dropped, by reason."""
+        self.patch_outcomes: Counter[str] = Counter()
+        """Gossiped patches from peers: ``applied``, ``no_base`` (we hold no copy at or after
+        its base: push-pull will bring one), ``stale`` (ours is as new) or ``malformed``."""
         self.current = NodeSignals(epoch=self.epoch)
         self._section: bytes | None = None
+        self._patch: bytes | None = None
         self._pushed: tuple[NodeSignals, bytes] | None = None
         self._subscribers: set[asyncio.Queue[NodeSignals]] = set()
         self._poked = asyncio.Event()
@@ -157,12 +166,19 @@ class SignalPlane:
                     queue.get_nowait()  # a slow subscriber gets the newest, not a backlog
                 queue.put_nowait(self.current)
         if self.gate.offer(self.current, now, changed) is not None:
-            self._section = encode(self.current, now, self.wall())
+            wall = self.wall()
+            self._section = encode(self.current, now, wall)
+            self._patch = self.patches.publish(self.current, now, wall)
             self.changed()
 
     def section(self) -> bytes | None:
         """The gossip section, as last approved by the gate."""
         return self._section
+
+    def patch(self) -> bytes | None:
+        """The patch that brings a copy of an earlier section up to :meth:`section` (None:
+        receivers need the whole section)."""
+        return self._patch
 
     def report_replica(self, rep: ReplicaState, remove: bool = False) -> None:
         if remove:
@@ -216,6 +232,28 @@ class SignalPlane:
                                                     "detail": str(exc)})
             return
         self.fused.update(member, sig, "gossip", now)
+
+    def learn_patch(self, member: str, raw: bytes) -> None:
+        """A member's patch arrived through gossip: apply it over the copy we hold."""
+        if member == self.node:
+            return
+        now = self.clock()
+        try:
+            patch = decode_patch(raw, now, self.wall())
+        except SignalWireError as exc:
+            self.patch_outcomes["malformed"] += 1
+            log.debug("bad signals patch", extra={"event": "bad_signals", "member": member,
+                                                  "detail": str(exc)})
+            return
+        entry = self.fused.nodes.get(member)
+        if entry is not None and patch.applies_to(entry.signals):
+            self.fused.update(member, patch.apply(entry.signals), "gossip", now)
+            self.patch_outcomes["applied"] += 1
+        elif entry is not None and entry.signals.epoch == patch.epoch \
+                and entry.signals.seq >= patch.seq:
+            self.patch_outcomes["stale"] += 1
+        else:
+            self.patch_outcomes["no_base"] += 1
 
     def forget(self, member: str) -> None:
         self.fused.forget(member)

@@ -43,13 +43,15 @@ def test_node_state_roundtrip_and_publisher_only_emits_changes() -> None:
     pub = nodestate.Publisher()
     assert pub.take() is None
     pub.set(nodestate.COORDINATE, b"abc")
-    blob = pub.take()
-    assert blob is not None and nodestate.decode(blob) == {"coord": b"abc"}
+    published = pub.take()
+    assert published is not None and nodestate.decode(published[0]) == {"coord": b"abc"}
     assert pub.take() is None
     pub.set(nodestate.COORDINATE, b"abc")
     assert pub.take() is None, "setting the same bytes is not a change"
     pub.set("telemetry", b"t")
-    assert nodestate.decode(pub.take() or b"") == {"coord": b"abc", "telemetry": b"t"}
+    published = pub.take()
+    assert published is not None
+    assert nodestate.decode(published[0]) == {"coord": b"abc", "telemetry": b"t"}
 
 
 @pytest.mark.parametrize("blob", [b"", b"\xc1", b"\x92\x01\x02", b"\x81\x01\xc4\x00",

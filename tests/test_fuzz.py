@@ -91,7 +91,7 @@ def _hits_known_overflow(msgs: list[Any], nodes: list[Any] = (), states: list[An
         if m[0] in (codec.ALIVE, codec.SUSPECT, codec.DEAD) and m[2] == SELF:
             if m[1] >= OVERFLOW_ZONE:
                 return True
-        if m[0] == codec.STATE and m[1] == SELF and m[2] >= OVERFLOW_ZONE:
+        if m[0] in (codec.STATE, codec.STATE_DELTA) and m[1] == SELF and m[2] >= OVERFLOW_ZONE:
             return True
     return any(r[0] == SELF and r[3] >= OVERFLOW_ZONE for r in nodes) or any(
         r[0] == SELF and r[1] >= OVERFLOW_ZONE for r in states)
@@ -119,6 +119,8 @@ def messages(draw: Any) -> bytes:
         return codec.suspect(_self_safe(name, draw(u64)), name, draw(names))
     if kind == codec.DEAD:
         return codec.dead(_self_safe(name, draw(u64)), name, draw(names))
+    if kind == codec.STATE_DELTA:
+        return codec.state_delta(name, _self_safe(name, draw(u64)), draw(blobs))
     return codec.state(name, _self_safe(name, draw(u64)), draw(blobs))
 
 
@@ -585,6 +587,8 @@ class RandomPeer:
             return codec.suspect(self.about(name), name, self.name())
         if kind == codec.DEAD:
             return codec.dead(self.about(name), name, self.name())
+        if kind == codec.STATE_DELTA:
+            return codec.state_delta(name, self.about(name), rng.randbytes(rng.randint(0, 64)))
         return codec.state(name, self.about(name), rng.randbytes(rng.randint(0, 64)))
 
     def packet(self) -> bytes:

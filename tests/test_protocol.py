@@ -757,6 +757,77 @@ def test_own_older_life_state_seen_before_first_publish() -> None:
     assert a.publish_state(b"fresh", 2.0) > 7
 
 
+def test_a_small_state_is_broadcast_whole_a_large_one_as_its_delta() -> None:
+    a = make("a", cfg=CFG.replace(max_state_delta_bytes=64))
+    learn(a, "b")
+    a.publish_state(b"small", 0.0, b"ignored")
+    a.tick(a.next_timer())
+    sent = [m for _, m in sent_messages(a) if m[0] in (codec.STATE, codec.STATE_DELTA)]
+    assert sent and sent[0] == [codec.STATE, "a", 1, b"small"]
+    a.publish_state(bytes(100), 1.0, b"d2")
+    a.tick(max(a.next_timer(), 1.0))
+    sent = [m for _, m in sent_messages(a) if m[0] in (codec.STATE, codec.STATE_DELTA)]
+    assert sent and sent[0] == [codec.STATE_DELTA, "a", 2, b"d2"]
+    a.publish_state(bytes(101), 2.0, bytes(65))  # the delta does not fit either: push-pull only
+    a.tick(max(a.next_timer(), 2.0))
+    assert not [m for _, m in sent_messages(a) if m[0] in (codec.STATE, codec.STATE_DELTA)]
+
+
+def test_delta_is_held_over_the_state_until_a_newer_state_arrives() -> None:
+    a = make("a")
+    learn(a, "b")
+    feed(a, codec.state("b", 3, b"v3"))
+    ev = feed(a, codec.state_delta("b", 5, b"d5"), now=1.0)
+    assert kinds(ev) == [EventKind.DELTA]
+    assert a.node_state("b") == (3, b"v3") and a.node_delta("b") == (5, b"d5")
+    assert feed(a, codec.state_delta("b", 5, b"again")) == []  # duplicates and older ones
+    assert feed(a, codec.state_delta("b", 4, b"d4")) == []
+    assert feed(a, codec.state_delta("b", 2, b"d2")) == []
+    assert a.node_delta("b") == (5, b"d5")
+    feed(a, codec.state("b", 4, b"v4"))  # push-pull brings an older whole state: delta stays
+    assert a.node_state("b") == (4, b"v4") and a.node_delta("b") == (5, b"d5")
+    feed(a, codec.state("b", 5, b"v5"))  # ... and a whole one as new replaces it
+    assert a.node_delta("b") is None
+    assert feed(a, codec.state_delta("b", 5, b"d5")) == []
+    assert feed(a, codec.state_delta("zz", 9, b"x")) == [] and a.node_delta("zz") is None
+
+
+def test_delta_is_relayed_and_forgotten_with_its_member() -> None:
+    a = make("a", cfg=CFG.replace(reap_time=1.0))
+    learn(a, "b", "c")
+    feed(a, codec.state_delta("b", 2, b"d"))
+    a.tick(a.next_timer())
+    assert [codec.STATE_DELTA, "b", 2, b"d"] in [m for _, m in sent_messages(a)]
+    feed(a, codec.dead(0, "b", "b"), now=1.0)
+    a.tick(5.0)
+    assert a.member("b") is None and a.node_delta("b") is None
+
+
+def test_own_older_life_delta_is_superseded() -> None:
+    a = make("a")
+    learn(a, "b")
+    assert a.publish_state(b"mine", 1.0) == 1
+    feed(a, codec.state_delta("a", 7, b"old life"), now=2.0, src="b")
+    assert a.node_state("a") == (8, b"mine") and a.node_delta("a") is None
+
+
+def test_large_state_reaches_everyone_by_delta_then_push_pull() -> None:
+    cfg = CFG.replace(max_state_delta_bytes=64, push_pull_interval=10.0)
+    nodes = [make(n, cfg=cfg, seed=i) for i, n in enumerate("abcdef")]
+    net = Net(*nodes)
+    net.join_all()
+    a = nodes[0]
+    a.publish_state(bytes(500), net.now, b"delta")
+    version = a.node_state("a")[0]
+    net.run_until(net.now + 2.0)
+    assert all(n.node_delta("a") == (version, b"delta")  # or a push-pull was quicker
+               or n.node_state("a") == (version, bytes(500)) for n in nodes[1:])
+    assert sum(n.node_delta("a") is not None for n in nodes[1:]) >= 3
+    net.run_until(net.now + 60.0)  # anti-entropy brings the whole state; the delta is spent
+    assert all(n.node_state("a") == (version, bytes(500)) and n.node_delta("a") is None
+               for n in nodes[1:])
+
+
 # --- u64 edges --------------------------------------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from certs import tls
 from certs.identity import Identity
 from meshd.devtriton import TritonServer
 from proto.mesh.v1 import state_pb2, state_pb2_grpc
-from tests.cluster import ROOT, Cluster
+from tests.cluster import ROOT, Cluster, metric_sum
 from tests.triton import TritonFactory, delay_inputs, require_triton
 
 pytestmark = [
@@ -395,3 +395,65 @@ def test_killed_triton_is_not_ready_on_the_subscriber_and_recovers(
     print(f"Triton A restarted in {restarted:.1f} s; ready again on n1 "
           f"{time.monotonic() - t1 - restarted:.2f} s after that")
     assert set(mesh.replicas("n1")) == set(want)
+
+
+# --- 5. a large node's changes travel as gossip patches ---------------------------------------
+
+BULK = 40
+BULK_ENDPOINT = "127.0.0.3:9000"
+PATCHED = 5.0
+"""Seconds for a change on a large node to reach a gossip-only peer: a few gossip rounds by
+patch (push-pull, the only other gossip path for a section this size, runs every 30 s)."""
+
+
+def _report(mesh: Mesh, node: str, rows: list[tuple[str, int, bool]]) -> None:
+    """Feed ``node`` external replicas ``(model, queue, remove)`` through ReportModelState."""
+    identity = Identity.load(mesh.cluster.admin_creds)
+    with tls.grpc_channel(mesh.cluster.node(node).admin, identity) as channel:
+        ack = state_pb2_grpc.StatePlaneStub(channel).ReportModelState(iter([
+            state_pb2.ModelStateDelta(runtime="vllm", endpoint=BULK_ENDPOINT, model=m,
+                                      ready=True, queue=q, remove=rm) for m, q, rm in rows]),
+            timeout=5)
+    assert ack.accepted == len(rows)
+
+
+def _bulk(mesh: Mesh, observer: str) -> dict[str, int]:
+    """The bulk replicas ``observer`` shows, with their queues."""
+    resp = mesh.state(observer)
+    return {} if resp is None else {r.model: int(r.queue) for r in resp.replicas
+                                    if r.endpoint == BULK_ENDPOINT}
+
+
+def test_a_large_nodes_changes_reach_gossip_only_peers_as_patches(mesh: Mesh) -> None:
+    """n3 takes on 40 more replicas (its section outgrows one gossip broadcast several times
+    over); n2, which does not subscribe, follows every change by gossip patches.  Runs last:
+    the other tests expect exactly the Triton-backed replicas."""
+    models = [f"bulk-{i:02d}" for i in range(BULK)]
+    def applied() -> float:
+        return metric_sum(mesh.cluster.node("n2").metrics(), "meshd_signal_patches_total",
+                          outcome="applied")
+
+    before = applied()
+    try:
+        for i in range(0, BULK, 4):  # an exporter bringing its models up a few at a time
+            _report(mesh, "n3", [(m, 0, False) for m in models[i:i + 4]])
+            time.sleep(0.7)
+        t0 = time.monotonic()
+        mesh.wait_for(lambda: len(_bulk(mesh, "n2")) == BULK, 45.0,
+                      "n2 sees all of n3's bulk replicas", show="n2")
+        print(f"\nall {BULK} replicas on n2 {time.monotonic() - t0:.2f} s after the last report")
+        for model, queue in (("bulk-17", 9), ("bulk-31", 6), ("bulk-17", 0)):
+            _report(mesh, "n3", [(model, queue, False)])
+            t0 = time.monotonic()
+
+            def seen(m: str = model, q: int = queue) -> bool:
+                return _bulk(mesh, "n2").get(m) == q
+
+            mesh.wait_for(seen, PATCHED, f"n2 sees {model} queue {queue}", show="n2")
+            print(f"{model} queue {queue} on n2 after {time.monotonic() - t0:.2f} s")
+        assert applied() > before
+    finally:
+        for i in range(0, BULK, 8):
+            _report(mesh, "n3", [(m, 0, True) for m in models[i:i + 8]])
+            time.sleep(0.7)
+    mesh.wait_for(lambda: not _bulk(mesh, "n2"), 45.0, "n2 no longer shows them", show="n2")
