@@ -15,8 +15,9 @@ processes on the machine).  Every other agent is asked ``StatePlane.State(node=n
 ``--poll-ms``; a change's *lag* at an observer is the first reply showing the new queue minus
 the change's stamp (it includes the publication gate's 0.5 s minimum interval and up to one
 poll).  A change the observer never shows before that model changes again is *missed*.
-Also recorded: what became of the patches at every observer (``meshd_signal_patches_total``)
-and how often the publisher moved its base (``meshd_signal_patch_rebases_total``).
+Also recorded: what became of the patches at every observer (``meshd_signal_patches_total``),
+how often the publisher moved its base (``meshd_signal_patch_rebases_total``) and how many row
+changes it held back a publication (``meshd_signal_patch_deferred_rows_total``).
 
 Bar (the signal plane's gossip-only bar, here for a node too large for whole-section
 broadcasts): p99 lag <= 2 s.  Writes ``bench/results/patches.{json,md}``.
@@ -191,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                                for o in ("applied", "no_base", "stale", "malformed")}
                 outcomes[n]["applied_during"] = outcomes[n]["applied"] - before[n]
             pub = cluster.node(PUBLISHER).metrics()
-            rebases = {to: metric_sum(pub, "meshd_signal_patch_rebases_total", to=to)
-                       for to in ("start", "moved", "current")}
+            rebases = {why: metric_sum(pub, "meshd_signal_patch_rebases_total", why=why)
+                       for why in ("start", "moved")}
+            rebases["deferred_rows"] = metric_sum(pub, "meshd_signal_patch_deferred_rows_total")
         finally:
             stop.set()
             cluster.close()

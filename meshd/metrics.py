@@ -338,11 +338,14 @@ class SignalCollector(Collector):
         for outcome in ("applied", "no_base", "stale", "malformed"):
             patches.add_metric([n, outcome], sp.patch_outcomes.get(outcome, 0))
         rebases = CounterMetricFamily(
-            "meshd_signal_patch_rebases", "Times this node's patches moved their base, by where "
-            "to (start: a first publication; previous: the last one; current: this one, as "
-            "the rows changed since the last did not fit)", labels=["node", "to"])
-        for to, count in sp.patches.rebases.items():
-            rebases.add_metric([n, to], count)
+            "meshd_signal_patch_rebases", "Times this node's patches moved their base (start: "
+            "a new run; moved: the rows changed since it outgrew a patch)", labels=["node", "why"])
+        for why, count in sp.patches.rebases.items():
+            rebases.add_metric([n, why], count)
+        deferred = CounterMetricFamily(
+            "meshd_signal_patch_deferred_rows", "Row changes a patch held back to the next "
+            "publication, as one publication's changes did not fit", labels=["node"])
+        deferred.add_metric([n], sp.patches.deferred)
         known = GaugeMetricFamily("meshd_signal_nodes_known",
                                   "Nodes whose telemetry this node holds, by path",
                                   labels=["node", "via"])
@@ -351,7 +354,7 @@ class SignalCollector(Collector):
             vias[entry.via] = vias.get(entry.via, 0) + 1
         for via, count in vias.items():
             known.add_metric([n, via], count)
-        yield from (pubs, rejected, patches, rebases, known)
+        yield from (pubs, rejected, patches, rebases, deferred, known)
 
 
 class HealthCollector(Collector):

@@ -6,18 +6,25 @@ publication goes out as a :class:`~meshd.signal_wire.Patch` against a *base* seq
 
 Each row (a replica, a GPU, the collective timings, the CPU-only note) remembers the seq of its
 last *material* change (:mod:`meshd.signal_publish` criteria, against the value last judged
-material).  A patch carries the current value of every row changed after its base, so it is
+material). A patch carries the current value of every row changed after its base, so it is
 **cumulative**: a receiver holding any copy at or after the base ends up right however many
-earlier patches it missed, including a row that went back to an older value.  The base is the
+earlier patches it missed, including a row that went back to an older value. The base is the
 oldest seq for which those rows still fit in ``budget`` bytes, so it only moves on as far as
-the node's churn forces it to, and as few receivers as possible are left waiting for
-push-pull.  Rows changed only non-materially stay out, as the gossip gate leaves them out; rows
-not sent for ``refresh`` seconds fill whatever room is left, oldest first, so their ages stay
-bounded by rotation.  Pure: time is an argument.
+the node's churn forces it to. Every patch is superseded by the next within a few gossip
+rounds, so some receivers miss some; a base newer than ``BASE_HOLD`` would leave those waiting
+for push-pull. So when the changed rows do not fit against an old enough base, this
+publication's changes that do not fit wait for the next one (readiness and removals first, then
+the longest waiting), for up to ``MAX_WAIT``: a burst of changes is spread over a few
+publications rather than lost, to receivers that missed a patch, for a push-pull interval.
+Churn beyond what one broadcast per publication carries moves the base every time. Rows changed
+only non-materially stay out, as the gossip gate leaves them out; rows not sent for ``refresh``
+seconds fill whatever room is left, oldest first, so their ages stay bounded by rotation. Pure:
+time is an argument.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +35,13 @@ from meshd.signal_wire import NodeSignals, Patch, comm_row, gpu_row, pack, patch
 BUDGET = 700
 """Bytes a patch may take: gossip's broadcast limit (1024) less the node-state delta's other
 sections (the coordinate and the Raft summary, about 150 bytes) and framing."""
+BASE_HOLD = 2.0
+"""Seconds a publication must be old before the base may move past it while changes can wait
+instead: a receiver that missed a patch or two (each is superseded by the next within a few
+gossip rounds) still holds one the next patch applies to."""
+MAX_WAIT = 1.0
+"""Seconds a held-back change waits at most: then the base moves on (stranding, until
+push-pull, receivers that missed a patch since) rather than delaying changes further."""
 HEADER_ALLOWANCE = 48
 """Bytes allowed for the patch's header (epoch, base, seq, wall clock, map keys)."""
 COMM, CPU_ONLY = "comm", "cpu_only"
@@ -59,36 +73,94 @@ class PatchTracker:
         self.rows: dict[str, _Row] = {}
         self.sent_at: dict[str, float] = {}
         """When each row last went out (in a patch, or whole at a rebase)."""
-        self.rebases: dict[str, int] = {"start": 0, "moved": 0, "current": 0}
+        self.last = 0
+        """Seq of the last publication."""
+        self.rebases: dict[str, int] = {"start": 0, "moved": 0}
+        self.deferred = 0
+        """Row changes held back a publication so that the base could stay."""
+        self._published: deque[tuple[int, float]] = deque()  # (seq, time) after the base
+        self.waiting: dict[str, float] = {}
+        """Rows whose change is held back, with when they first waited."""
+        self._now = 0.0
 
     def publish(self, sig: NodeSignals, now: float, wall: float | None) -> bytes | None:
-        """The patch to gossip with the publication of ``sig`` (None: none can bring
-        receivers up to ``sig``; they need the whole section)."""
+        """The patch to gossip with the publication of ``sig`` (None at a new run's first
+        publication: receivers need the whole section)."""
         if self.epoch != sig.epoch:
-            self.epoch, self.base, self.rows = sig.epoch, sig.seq, {}
+            self.epoch, self.base, self.last, self.rows = sig.epoch, sig.seq, sig.seq, {}
             self._judge(sig)
             self.rebases["start"] += 1
             self.sent_at = dict.fromkeys(self.rows, now)
             return None
         if sig.seq <= self.base:
             return None
-        self._judge(sig)
+        self._now = now
+        before = self._judge(sig)
         current = self._current(sig)
-        base = self._choose_base(sig.seq, current, now)
+        base = self._choose_base(current, now)
+        held = self._held()
+        if base > held and not any(now - t >= MAX_WAIT for t in self.waiting.values()):
+            # Moving the base that far would strand receivers that missed a recent patch:
+            # hold back this publication's changes instead, as far as that lets it stay.
+            base = max(self._choose_base(current, now, skip=sig.seq), held)
+            self._defer(before, current, base, now)
+        elif base > self.last:
+            # Not even this publication's changes fit: against the last one, and what does
+            # not fit waits for the next.
+            base = max(self.base, self.last)
+            self._defer(before, current, base, now)
         if base > self.base:
-            self.rebases["moved" if base < sig.seq else "current"] += 1
+            self.rebases["moved"] += 1
             self.base = base
             self.rows = {k: r for k, r in self.rows.items()
                          if not r.gone or r.changed > base}  # older removals: spent
-        if base >= sig.seq:
-            self.sent_at.update(dict.fromkeys(current, now))
-            return None
+            while self._published and self._published[0][0] <= base:
+                self._published.popleft()
+        self.last = sig.seq
+        self._published.append((sig.seq, now))
         due = sorted(k for k, r in self.rows.items() if r.changed > base)
+        for key in due:
+            self.waiting.pop(key, None)
         patch = Patch(sig.epoch, base, sig.seq)
         for key in due:
             self._put(patch, key, current.get(key), self.rows[key])
         self._fill(patch, current, due, now)
         return pack(patch_doc(patch, now, wall))
+
+    def _held(self) -> int:
+        """The newest base the hold allows: the last publication at least ``BASE_HOLD`` old."""
+        newest = self.base
+        for seq, at in self._published:
+            if self._now - at < BASE_HOLD:
+                break
+            newest = seq
+        return newest
+
+    def _defer(self, before: dict[str, _Row | None], current: dict[str, Any], base: int,
+               now: float) -> None:
+        """Keep the changes of this publication that fit next to those already due against
+        ``base`` (readiness and removals first, then the longest waiting); put the rows of the
+        others back as they were, to be judged (and so sent) again next time."""
+        size = HEADER_ALLOWANCE + sum(self._cost(k, current.get(k), now)
+                                      for k, r in self.rows.items()
+                                      if r.changed > base and k not in before)
+
+        def order(key: str) -> tuple[bool, float, str]:
+            row, value, old = self.rows[key], current.get(key), before[key]
+            urgent = row.gone or isinstance(value, ReplicaState) and (
+                old is None or old.judged.ready != value.ready)
+            return (not urgent, self.waiting.get(key, now), key)
+
+        for key in sorted(before, key=order):
+            size += self._cost(key, current.get(key), now)
+            if size > self.budget:
+                old = before[key]
+                if old is None:
+                    del self.rows[key]
+                else:
+                    self.rows[key] = old
+                self.waiting.setdefault(key, now)
+                self.deferred += 1
 
     # --- the rows -------------------------------------------------------------------------
 
@@ -108,15 +180,20 @@ class PatchTracker:
             return replica_reason(old, new, self.cfg) is not None
         return gpu_reason(old, new, self.cfg) is not None
 
-    def _judge(self, sig: NodeSignals) -> None:
+    def _judge(self, sig: NodeSignals) -> dict[str, _Row | None]:
+        """Mark the rows changed materially at ``sig``; returns them as they were before."""
         current = self._current(sig)
+        before: dict[str, _Row | None] = {}
         for key, value in current.items():
             row = self.rows.get(key)
             if row is None or row.gone or self._material(key, row.judged, value):
+                before[key] = row
                 self.rows[key] = _Row(value, sig.seq)
-        for key, row in self.rows.items():
+        for key, row in list(self.rows.items()):
             if key not in current and not row.gone:
-                row.gone, row.changed = True, sig.seq
+                before[key] = row
+                self.rows[key] = _Row(row.judged, sig.seq, gone=True)
+        return before
 
     def _cost(self, key: str, value: Any, now: float) -> int:
         if value is None:
@@ -129,11 +206,12 @@ class PatchTracker:
             return len(pack(replica_row(value, now)))
         return len(pack(gpu_row(value, now)))
 
-    def _choose_base(self, seq: int, current: dict[str, Any], now: float) -> int:
-        """The oldest base (not before the last) whose changed rows fit in the budget."""
+    def _choose_base(self, current: dict[str, Any], now: float, skip: int = -1) -> int:
+        """The oldest base (not before the last) whose changed rows fit in the budget, not
+        counting those changed at ``skip``."""
         by_seq: dict[int, int] = {}
         for key, row in self.rows.items():
-            if row.changed > self.base:
+            if row.changed > self.base and row.changed != skip:
                 by_seq[row.changed] = by_seq.get(row.changed, 0) + self._cost(
                     key, current.get(key), now)
         size = HEADER_ALLOWANCE
@@ -141,7 +219,7 @@ class PatchTracker:
             size += by_seq[changed]
             if size > self.budget:
                 return changed  # rows changed after it fit; it and older ones do not
-        return self.base if self.base < seq else seq
+        return self.base
 
     def _put(self, patch: Patch, key: str, value: Any, row: _Row | None) -> None:
         """Put ``key``'s current ``value`` in (None: the row is gone; ``row`` says which)."""
