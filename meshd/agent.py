@@ -383,11 +383,12 @@ class Agent:
             return
         self._learn_sections(name, sections)
         if self.swim is not None and self.swim.node_delta(name) is not None:
-            self._learn_delta(name)
+            self._learn_delta(name, sections)
 
-    def _learn_delta(self, name: str) -> None:
-        """A member published a delta over the state we hold: whole sections replace ours,
-        patches go to the section's owner."""
+    def _learn_delta(self, name: str, sections: dict[str, bytes] | None = None) -> None:
+        """A member published a delta over the state we hold (``sections``, when the caller
+        has already decoded it): whole sections replace ours, patches go to the section's
+        owner."""
         assert self.swim is not None
         held = self.swim.node_delta(name)
         if held is None:
@@ -399,7 +400,8 @@ class Agent:
                                                      "member": name, "detail": str(exc)})
             self.coordinates.rejected["malformed"] += 1
             return
-        sections = self._sections_of(name) or {}
+        if sections is None:
+            sections = self._sections_of(name) or {}
         self._learn_sections(name, {**sections, **whole}, changed=set(whole))
         patch = patches.get(SIGNALS_SECTION)
         if patch is not None:

@@ -28,8 +28,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.model import CommStats, GpuState, ReplicaState
-from meshd.signal_publish import PublishConfig, gpu_reason, replica_reason
+from adapters.model import GpuState, ReplicaState
+from meshd.signal_publish import PublishConfig, comm_changed, gpu_reason, replica_reason
 from meshd.signal_wire import NodeSignals, Patch, comm_row, gpu_row, pack, patch_doc, replica_row
 
 BUDGET = 700
@@ -57,10 +57,6 @@ class _Row:
     gone: bool = False
 
 
-def _comm_key(comm: list[CommStats]) -> list[tuple[str, str, float]]:
-    return [(c.job, c.op, c.at) for c in comm]
-
-
 class PatchTracker:
     """Remembers each row's last material change; builds each publication's patch."""
 
@@ -81,24 +77,24 @@ class PatchTracker:
         self._published: deque[tuple[int, float]] = deque()  # (seq, time) after the base
         self.waiting: dict[str, float] = {}
         """Rows whose change is held back, with when they first waited."""
-        self._now = 0.0
+        self._costs: dict[str, int] = {}  # this publication's row sizes, each packed once
 
     def publish(self, sig: NodeSignals, now: float, wall: float | None) -> bytes | None:
         """The patch to gossip with the publication of ``sig`` (None at a new run's first
         publication: receivers need the whole section)."""
+        current = self._current(sig)
+        self._costs = {}
         if self.epoch != sig.epoch:
             self.epoch, self.base, self.last, self.rows = sig.epoch, sig.seq, sig.seq, {}
-            self._judge(sig)
+            self._judge(current, sig.seq)
             self.rebases["start"] += 1
             self.sent_at = dict.fromkeys(self.rows, now)
             return None
         if sig.seq <= self.base:
             return None
-        self._now = now
-        before = self._judge(sig)
-        current = self._current(sig)
+        before = self._judge(current, sig.seq)
         base = self._choose_base(current, now)
-        held = self._held()
+        held = self._held(now)
         if base > held and not any(now - t >= MAX_WAIT for t in self.waiting.values()):
             # Moving the base that far would strand receivers that missed a recent patch:
             # hold back this publication's changes instead, as far as that lets it stay.
@@ -127,11 +123,11 @@ class PatchTracker:
         self._fill(patch, current, due, now)
         return pack(patch_doc(patch, now, wall))
 
-    def _held(self) -> int:
+    def _held(self, now: float) -> int:
         """The newest base the hold allows: the last publication at least ``BASE_HOLD`` old."""
         newest = self.base
         for seq, at in self._published:
-            if self._now - at < BASE_HOLD:
+            if now - at < BASE_HOLD:
                 break
             newest = seq
         return newest
@@ -173,29 +169,35 @@ class PatchTracker:
 
     def _material(self, key: str, old: Any, new: Any) -> bool:
         if key == COMM:
-            return bool(_comm_key(old) != _comm_key(new))
+            return comm_changed(old, new)
         if key == CPU_ONLY:
             return bool(old != new)
         if key.startswith("r:"):
             return replica_reason(old, new, self.cfg) is not None
         return gpu_reason(old, new, self.cfg) is not None
 
-    def _judge(self, sig: NodeSignals) -> dict[str, _Row | None]:
-        """Mark the rows changed materially at ``sig``; returns them as they were before."""
-        current = self._current(sig)
+    def _judge(self, current: dict[str, Any], seq: int) -> dict[str, _Row | None]:
+        """Mark the rows changed materially at ``seq``; returns them as they were before."""
         before: dict[str, _Row | None] = {}
         for key, value in current.items():
             row = self.rows.get(key)
             if row is None or row.gone or self._material(key, row.judged, value):
                 before[key] = row
-                self.rows[key] = _Row(value, sig.seq)
+                self.rows[key] = _Row(value, seq)
         for key, row in list(self.rows.items()):
             if key not in current and not row.gone:
                 before[key] = row
-                self.rows[key] = _Row(row.judged, sig.seq, gone=True)
+                self.rows[key] = _Row(row.judged, seq, gone=True)
         return before
 
     def _cost(self, key: str, value: Any, now: float) -> int:
+        """Bytes ``key``'s row takes in a patch (None: its removal)."""
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._costs[key] = self._size(key, value, now)
+        return cost
+
+    def _size(self, key: str, value: Any, now: float) -> int:
         if value is None:
             return len(key) + 16  # a removal: the row's identity only
         if key == COMM:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adapters.model import GpuState, ReplicaState
+from adapters.model import CommStats, GpuState, ReplicaState
 from meshd.signal_wire import NodeSignals
 
 
@@ -80,6 +80,11 @@ def gpu_reason(a: GpuState, b: GpuState, cfg: PublishConfig) -> str | None:
     return None
 
 
+def comm_changed(old: list[CommStats], new: list[CommStats]) -> bool:
+    """Whether a trainer reported new collective timings (each report is news)."""
+    return [(c.job, c.op, c.at) for c in old] != [(c.job, c.op, c.at) for c in new]
+
+
 def material(old: NodeSignals | None, new: NodeSignals, cfg: PublishConfig) -> str | None:
     """Why ``new`` is worth a gossip publication after ``old`` (None: it is not)."""
     if old is None:
@@ -101,9 +106,7 @@ def material(old: NodeSignals | None, new: NodeSignals, cfg: PublishConfig) -> s
         reason = gpu_reason(oldg[g.uuid], g, cfg)
         if reason:
             return reason
-    if len(new.comm) != len(old.comm) or any(
-            (a.job, a.op, a.at) != (b.job, b.op, b.at) for a, b in zip(old.comm, new.comm,
-                                                                        strict=True)):
+    if comm_changed(old.comm, new.comm):
         return "comm"
     return None
 
