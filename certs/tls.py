@@ -62,12 +62,15 @@ def reload(ctx: ssl.SSLContext, directory: Path) -> None:
     ctx.load_cert_chain(directory / CERT_FILE, directory / KEY_FILE)
 
 
-def grpc_server_credentials(current: object) -> grpc.ServerCredentials:
+def grpc_server_credentials(current: object,
+                            require_client_auth: bool = True) -> grpc.ServerCredentials:
     """mTLS for a gRPC server whose identity can be renewed without a restart.
 
     ``current`` is a zero-argument callable returning the :class:`Identity` to present; gRPC
     asks on each new handshake, so a renewal takes effect for new connections while existing
-    ones carry on.
+    ones carry on.  ``require_client_auth=False`` (the router with bearer tokens) still
+    verifies a client certificate that is presented, and lets clients without one in to
+    authenticate otherwise.
     """
     state: dict[str, object] = {}
 
@@ -83,8 +86,8 @@ def grpc_server_credentials(current: object) -> grpc.ServerCredentials:
             return None
         return config()
 
-    return grpc.dynamic_ssl_server_credentials(config(), fetch,
-                                               require_client_authentication=True)
+    return grpc.dynamic_ssl_server_credentials(
+        config(), fetch, require_client_authentication=require_client_auth)
 
 
 def grpc_channel(target: str, ident: Identity, *, server_name: str = "",

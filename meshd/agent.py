@@ -27,13 +27,17 @@ from gossip.keyring import Keyring
 from gossip.protocol import Swim
 from gossip.state import Addr, NodeMeta
 from gossip.transport import GossipTransport, family_of
-from meshd import admin, nodestate
+from meshd import admin, nodestate, score_api
 from meshd.authz import Authorizer
 from meshd.control import RAFT_SECTION, ControlPlane
 from meshd.coordinates import CoordinatePlane
 from meshd.metrics import AgentMetrics
 from meshd.quarantine import AutoQuarantine
 from meshd.rbac import KeyLoadError, PolicyError
+from meshd.router import server as router_server
+from meshd.router.auth import TokenFileError
+from meshd.router.kserve import KServeRouter
+from meshd.score.scorer import Scorer
 from meshd.security import EnrollmentRefused, Security, SecurityError
 from meshd.settings import DEFAULT_RAFT_PORT, Settings, parse_hostport
 from meshd.signal_wire import SECTION as SIGNALS_SECTION
@@ -49,6 +53,8 @@ STATE_PUBLISH_PERIOD = 1.0
 """How often the agent checks whether its node state (e.g. its coordinate) needs republishing."""
 ADMIN_GRACE = 1.0
 """Seconds admin calls in flight get to finish on shutdown."""
+ROUTER_GRACE = 10.0
+"""Seconds requests in flight through the router get to finish on shutdown."""
 
 
 TEST_SEND_DELAY_ENV = "MESHD_TEST_SEND_DELAY"
@@ -151,6 +157,36 @@ class Agent:
                 "wan" if settings.profile == "wan" else "lan")) == "wan" else Timing())
         self.health = AutoQuarantine(settings.node, self.control, lambda: self.signals.current,
                                      self._data.path)
+        self.scorer = Scorer(self.signals.fused, zone=settings.zone, policy=self._policy_spec,
+                             policy_version=lambda: self._policy_store.version,
+                             rtt_of=self._rtt_of, zone_of=self._zone_of,
+                             quota_share=self._quota_share)
+        self._score: object | None = None
+        self._router: object | None = None
+        self.router: KServeRouter | None = None
+        """The KServe router (``--role router``), once started."""
+
+    @property
+    def _policy_store(self):  # type: ignore[no-untyped-def]
+        return self.control.views["policy"].store
+
+    def _policy_spec(self, kind: str, name: str) -> dict[str, object] | None:
+        stored = self._policy_store.get(kind, name)
+        return stored.document.spec if stored is not None else None
+
+    def _rtt_of(self, node: str) -> float | None:
+        return self.coordinates.estimate(self.settings.node, node).rtt
+
+    def _zone_of(self, node: str) -> str:
+        m = self.swim.member(node) if self.swim is not None else None
+        return m.meta.zone if m is not None else ""
+
+    def _quota_share(self) -> float:
+        """Tenant quotas are split evenly between the agents that route (at least this one)."""
+        if self.swim is None:
+            return 1.0
+        routers = sum(1 for m in self.swim.members() if m.live and "router" in m.meta.roles)
+        return 1.0 / max(1, routers)
 
     async def _secure(self, seeds: list[Addr]) -> bool:
         """Identity first: load or make it, or enroll through the seeds (retrying with
@@ -269,7 +305,18 @@ class Agent:
                                             signals=self.signals)
             if metrics_addr:
                 self.metrics.serve(*metrics_addr)
-        except OSError as exc:
+            score_addr = s.score_addr()
+            score_where = "off"
+            if score_addr is not None:
+                self._score, score_where = await score_api.serve(
+                    self.scorer, loop.time, score_addr, lambda: sec.identity)
+            router_where = "off"
+            if "router" in s.roles:
+                self._router, self.router, router_where = await router_server.serve(
+                    self.scorer, loop.time, s.router_addr(), dev=s.dev,
+                    identity=lambda: sec.identity, tokens_file=s.router_tokens,
+                    node=s.node, reuse_port=s.router_workers > 1, verifier=sec.verifier)
+        except (OSError, TokenFileError) as exc:
             log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
             await self._shutdown(leave=False)
             return 1
@@ -279,6 +326,7 @@ class Agent:
             "identity": str(sec.identity.spiffe_id), "ca_holder": sec.ca is not None,
             "cert_not_after": sec.identity.not_after.isoformat(),
             "metrics": f"{metrics_addr[0]}:{metrics_addr[1]}" if metrics_addr else "off",
+            "score": score_where, "router": router_where,
             "incarnation": swim.incarnation, "roles": list(meta.roles)})
         self._install_signals()
         joiner = asyncio.create_task(self._join(seeds, saved))
@@ -514,6 +562,13 @@ class Agent:
             await self._admin.stop(ADMIN_GRACE)  # type: ignore[attr-defined]
             if self._authorizer is not None:
                 self._authorizer.audit.close()
+        if self._router is not None:
+            # In-flight requests finish (drain); new ones are refused once stop() begins.
+            await self._router.stop(ROUTER_GRACE)  # type: ignore[attr-defined]
+            if self.router is not None:
+                await self.router.close()
+        if self._score is not None:
+            await self._score.stop(ADMIN_GRACE)  # type: ignore[attr-defined]
         await self.control.close(leave=leave)
         await self.signals.close()
         if self.metrics is not None:

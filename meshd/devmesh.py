@@ -54,6 +54,11 @@ def node_addrs(i: int, per_ip: bool) -> tuple[str, str, str]:
     return f"127.0.0.1:{7000 + i}", f"127.0.0.1:{7100 + i}", f"127.0.0.1:{9400 + i}"
 
 
+def score_addr(i: int, per_ip: bool) -> str:
+    """Score API address of node ``i`` (loopback: plaintext)."""
+    return f"127.0.0.{i}:7961" if per_ip else f"127.0.0.1:{7300 + i}"
+
+
 def raft_addr(i: int, per_ip: bool) -> str:
     """Raft address of coordinator ``i`` (its groups use this port and the next)."""
     return f"127.0.0.{i}:7950" if per_ip else f"127.0.0.1:{7200 + 2 * i}"
@@ -203,7 +208,8 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
     for i in range(1, args.nodes + 1):
         gossip, admin, metrics = node_addrs(i, per_ip)
         cmd = [sys.executable, "-m", "meshd.cli", "--node", f"node{i}", "--bind", gossip,
-               "--admin", admin, "--metrics", metrics, "--profile", args.profile,
+               "--admin", admin, "--score", score_addr(i, per_ip), "--metrics", metrics,
+               "--profile", args.profile,
                "--role", roles[(i - 1) % len(roles)], "--zone", f"zone-{'ab'[i % 2]}",
                "--region", "dev", "--data-dir", str(workdir / f"node{i}")]
         coordinators = min(COORDINATORS, args.nodes)

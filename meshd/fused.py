@@ -59,6 +59,9 @@ class FusedState:
         self.observed: dict[str, Observed] = {}
         self.stale_drops = 0
         """Updates ignored because a newer copy (by the other path) was already here."""
+        self.generation = 0
+        """Counts changes to ``nodes``: readers that cache what they derive (the scorer's
+        target table) rebuild when it moves."""
 
     def update(self, node: str, sig: NodeSignals, via: str, now: float) -> bool:
         """Take ``sig`` unless what we hold from ``node`` is newer; True when taken."""
@@ -68,15 +71,24 @@ class FusedState:
                 self.stale_drops += 1
             return False
         self.nodes[node] = NodeEntry(sig, via, now)
+        self.generation += 1
         return True
 
     def forget(self, node: str) -> None:
-        self.nodes.pop(node, None)
+        if self.nodes.pop(node, None) is not None:
+            self.generation += 1
 
     def observe_start(self, replica: str, now: float) -> None:
         ob = self.observed.setdefault(replica, Observed())
         ob.inflight += 1
         ob.at = now
+
+    def observe_end(self, replica: str) -> None:
+        """A request counted in flight ended without an outcome worth learning from (its
+        decision expired, or it was cancelled)."""
+        ob = self.observed.get(replica)
+        if ob is not None and ob.inflight > 0:
+            ob.inflight -= 1
 
     def observe_outcome(self, replica: str, latency: float, ok: bool, now: float,
                         started: bool = True) -> None:

@@ -23,6 +23,8 @@ DEFAULT_GOSSIP_PORT = 7946
 DEFAULT_ADMIN_PORT = 7960
 DEFAULT_METRICS_PORT = 9464
 DEFAULT_RAFT_PORT = 7950
+DEFAULT_SCORE_PORT = 7961
+DEFAULT_ROUTER_PORT = 9000
 
 
 class SettingsError(ValueError):
@@ -105,6 +107,17 @@ class Settings:
     subscribe: list[str] = field(default_factory=list)
     """Peers whose telemetry to receive pushed (fresher than gossip): node names, or ``*`` for
     every peer that serves models."""
+    score: str = ""
+    """Score API address: ``HOST:PORT``, ``unix:PATH`` or ``off``; default 127.0.0.1:7961.
+    Plaintext on loopback and Unix sockets, mTLS (client certificates) anywhere else."""
+    router: str = ""
+    """Router ingress (``--role router``), KServe v2 gRPC: ``HOST:PORT``; default: the bind
+    host if loopback, else 0.0.0.0, port 9000."""
+    router_tokens: str = ""
+    """File of per-tenant bearer tokens for router clients (``tenant token-sha256`` lines);
+    without it (and outside ``--dev``) clients must present a mesh client certificate."""
+    router_workers: int = 1
+    """Router worker processes sharing the ingress port (SO_REUSEPORT)."""
 
     # --- derived ---------------------------------------------------------------------------
 
@@ -118,6 +131,25 @@ class Settings:
             return parse_hostport(self.admin, DEFAULT_ADMIN_PORT, "admin")
         host = self.gossip_binds()[0][0]
         return (host if is_loopback(host) else "127.0.0.1", DEFAULT_ADMIN_PORT)
+
+    def score_addr(self) -> Addr | str | None:
+        """``(host, port)``, a Unix socket path, or None (``off``)."""
+        if self.score == "off":
+            return None
+        if self.score.startswith("unix:"):
+            path = self.score[5:]
+            if not path:
+                raise SettingsError("score: unix: needs a socket path")
+            return path
+        if self.score:
+            return parse_hostport(self.score, DEFAULT_SCORE_PORT, "score")
+        return ("127.0.0.1", DEFAULT_SCORE_PORT)
+
+    def router_addr(self) -> Addr:
+        if self.router:
+            return parse_hostport(self.router, DEFAULT_ROUTER_PORT, "router")
+        host = self.gossip_binds()[0][0]
+        return (host if is_loopback(host) else "0.0.0.0", DEFAULT_ROUTER_PORT)
 
     def metrics_addr(self) -> Addr | None:
         if self.metrics == "off":
@@ -158,6 +190,10 @@ class Settings:
             parse_hostport(self.advertise, 0, "advertise")
         self.admin_addr()
         self.metrics_addr()
+        self.score_addr()
+        self.router_addr()
+        if not 1 <= self.router_workers <= 64:
+            raise SettingsError("router_workers: must be 1..64")
         if not 10.0 <= self.cert_lifetime <= 30 * 86400.0:
             raise SettingsError("cert_lifetime: must be 10 s .. 30 days")
         if (self.jwt_jwks or self.jwt_key) and not self.jwt_issuer:
@@ -235,7 +271,7 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
 
 _LISTS = {"join", "roles", "subscribe"}
 _BOOLS = {"retry_join", "dev"}
-_INTS = {"retry_max", "bootstrap_expect"}
+_INTS = {"retry_max", "bootstrap_expect", "router_workers"}
 _FLOATS = {"retry_interval", "cert_lifetime", "queue_interval", "stats_interval"}
 
 
@@ -310,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--stats-interval", type=float, metavar="SECONDS", help="runtime statistics poll (1.0)")
     a("--subscribe", action="append", metavar="NODE|*",
       help="receive these peers' telemetry pushed, not only by gossip (repeatable)")
+    a("--score", metavar="HOST:PORT|unix:PATH|off",
+      help="score API address (default 127.0.0.1:7961; mTLS unless loopback or unix)")
+    a("--router", metavar="ADDR:PORT", help="router ingress, KServe v2 gRPC (default port 9000)")
+    a("--router-tokens", metavar="FILE", help="per-tenant bearer tokens for router clients")
+    a("--router-workers", type=int, metavar="N", help="router worker processes (default 1)")
     return p
 
 

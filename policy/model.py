@@ -63,6 +63,27 @@ ModelPin (policy; name = model or ``model:revision``) — where a model may be s
     min_free_vram_mb (int >= 0, default 0): free GPU memory (MiB) a target must have.
     min_replicas (int >= 0, default 0): replicas to keep loaded.
 
+RoutingPolicy (policy; name = model, or ``default`` for every model without its own) — how
+requests for a model are ranked, admitted and hedged (meshd/score/):
+    strategy (name, default "hybrid"): the strategy that ranks targets: ``baseline_rr``,
+        ``least_queue``, ``p2c``, ``hybrid``, or one a plugin registers (entry point group
+        ``meshd.strategies``); a name no agent knows falls back to ``p2c``, counted.
+    shadow (name | null, default null): a candidate strategy run beside the active one; how
+        often and by how much their picks differ is exported, its picks are never used.
+    max_targets (int 1..64, default 4): targets returned per decision (the first, hedge and
+        failover candidates).
+    stale_after_ms (number > 0, default 10000): a target whose queue figure is older is left
+        out; when every target is that old, decisions fall back to this agent's own
+        observations (``degraded``).
+    hedge_budget (number in [0, 1], default 0.05): hedges as a share of requests, at most.
+    hedge_quantile (number in [0.5, 0.999], default 0.95): hedge after this quantile of the
+        target's observed latency.
+    randomization (number in [0, 1], default 0.1): ``hybrid``'s bounded jitter, as a share of
+        the best predicted seconds, so many routers do not herd onto one replica.
+    zone_penalty_ms (number >= 0, default 2): added to targets outside the router's zone.
+    max_concurrency (int >= 1 | null, default null = adaptive only): requests for the model in
+        flight from one agent, at most.
+
 TrainingPlacement (placements; name = job id) — where a training job runs:
     node (node name, required): the node the job is placed on.
     gpus ([string], default [] = a CPU-only job): GPU UUIDs or indices on that node.
@@ -157,6 +178,20 @@ SPECS: Mapping[str, Object] = {
         "min_free_vram_mb": Field(Integer(ge=0), 0, "free GPU memory a target needs (MiB)"),
         "min_replicas": Field(Integer(ge=0), 0, "replicas to keep loaded"),
     }),
+    "RoutingPolicy": Object({
+        "strategy": Field(name_check(), "hybrid", "strategy that ranks targets"),
+        "shadow": Field(name_check(nullable=True), None, "candidate run beside it; null = none"),
+        "max_targets": Field(Integer(ge=1, le=64), 4, "targets returned per decision"),
+        "stale_after_ms": Field(Number(gt=0, le=3_600_000), 10_000.0,
+                                "older queue figures are left out (ms)"),
+        "hedge_budget": Field(Number(ge=0, le=1), 0.05, "hedges per request, at most"),
+        "hedge_quantile": Field(Number(ge=0.5, le=0.999), 0.95,
+                                "hedge after this latency quantile"),
+        "randomization": Field(Number(ge=0, le=1), 0.1, "hybrid's bounded jitter"),
+        "zone_penalty_ms": Field(Number(ge=0, le=60_000), 2.0, "cost of leaving the zone (ms)"),
+        "max_concurrency": Field(Integer(ge=1, nullable=True), None,
+                                 "in flight per model from one agent; null = adaptive only"),
+    }),
     "TrainingPlacement": Object({
         "node": required(name_check(), "node the job runs on"),
         "gpus": Field(ListOf(gpu_id_check()), [], "GPU UUIDs or indices; empty = CPU job"),
@@ -177,6 +212,7 @@ KINDS: Mapping[str, str] = {
     "SloClass": "policy",
     "ModelPin": "policy",
     "HealthPolicy": "policy",
+    "RoutingPolicy": "policy",
     "TrainingPlacement": "placements",
 }
 """Kind -> the Raft group that replicates it."""

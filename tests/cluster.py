@@ -288,7 +288,7 @@ def port_free(host: str, port: int, udp: bool = False) -> bool:
     return True
 
 
-def pick_ports(ips: list[str], per_node: int = 3, rng: random.Random | None = None,
+def pick_ports(ips: list[str], per_node: int = 5, rng: random.Random | None = None,
                attempts: int = 200) -> list[int]:
     """``per_node`` ports for each of ``ips``: node ``i`` gets ``base + i*per_node + k`` (all
     nodes on distinct ports, which also works when every node shares 127.0.0.1).
@@ -358,6 +358,7 @@ class Node:
         self.ip = ip
         self.gossip_port, self.admin_port, self.metrics_port = (base_port, base_port + 1,
                                                                 base_port + 2)
+        self.score_port, self.router_port = base_port + 3, base_port + 4
         self.args = list(args)
         self.env = dict(env)
         self.data_dir = cluster.workdir / name
@@ -377,6 +378,15 @@ class Node:
         return f"{self.ip}:{self.admin_port}"
 
     @property
+    def score(self) -> str:
+        return f"{self.ip}:{self.score_port}"
+
+    @property
+    def router(self) -> str:
+        """The KServe ingress, served when the node has ``--role router``."""
+        return f"{self.ip}:{self.router_port}"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://{self.ip}:{self.metrics_port}/metrics"
 
@@ -388,7 +398,7 @@ class Node:
     def command(self, join: list[str] | None = None) -> list[str]:
         c = self.cluster
         cmd = [sys.executable, "-m", "meshd.cli", "--node", self.name, "--bind", self.gossip,
-               "--admin", self.admin,
+               "--admin", self.admin, "--score", self.score, "--router", self.router,
                "--metrics", f"{self.ip}:{self.metrics_port}" if c.metrics else "off",
                "--profile", c.profile, "--data-dir", str(self.data_dir)]
         for seed in join or []:
@@ -545,7 +555,7 @@ class Cluster:
         total = n + spare
         ips = [node_ip(i) for i in range(1, total + 1)]
         self._bases = (pick_ports(ips) if not netns  # a fresh namespace has nothing bound
-                       else [PORT_LOW + 3 * i for i in range(total)])
+                       else [PORT_LOW + 5 * i for i in range(total)])
         self.nodes: list[Node] = []
         for _ in range(n):
             self._make_node()

@@ -152,7 +152,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         def args(i: int) -> list[str]:
             common = ["--gpu", "off"]
             if i == 1:
-                return [*common, "--subscribe", "*"]
+                return [*common, "--subscribe", "*", "--role", "router"]
             server = a if i == 2 else b
             return [*common, "--triton", f"{server.grpc_url},metrics={server.metrics_url}"]
 
@@ -395,6 +395,43 @@ def test_killed_triton_is_not_ready_on_the_subscriber_and_recovers(
     print(f"Triton A restarted in {restarted:.1f} s; ready again on n1 "
           f"{time.monotonic() - t1 - restarted:.2f} s after that")
     assert set(mesh.replicas("n1")) == set(want)
+
+
+# --- 4b. n1 routes: the score API and the KServe router over the live telemetry -------------
+
+
+def test_n1_scores_and_routes_to_the_real_replicas(mesh: Mesh, triton_a: TritonServer) -> None:
+    """n1 (``--role router``) ranks both Tritons' ``delay`` replicas on its score API
+    (loopback plaintext) and relays tritonclient calls over mTLS to them."""
+    import numpy as np
+    import tritonclient.grpc as tc
+
+    from certs.spiffe import any_node_dns
+    from proto.mesh.v1 import score_pb2, score_pb2_grpc
+    from tests.cluster import TRUST_DOMAIN
+    from tests.triton import add_sub_inputs
+
+    n1 = mesh.cluster.node("n1")
+    with grpc.insecure_channel(n1.score) as ch:
+        reply = score_pb2_grpc.ScoreStub(ch).ScoreTargets(
+            score_pb2.ScoreRequest(model="delay", payload_bytes=64), timeout=5)
+    assert reply.verdict.admit, reply
+    assert {t.endpoint for t in reply.targets} == {mesh.a.grpc_url, mesh.b.grpc_url}
+    assert all(t.predicted_seconds > 0 for t in reply.targets)
+    creds = mesh.cluster.admin_creds
+    client = tc.InferenceServerClient(
+        n1.router, ssl=True, root_certificates=str(creds / "bundle.pem"),
+        private_key=str(creds / "key.pem"), certificate_chain=str(creds / "cert.pem"),
+        channel_args=[("grpc.ssl_target_name_override", any_node_dns(TRUST_DOMAIN))])
+    a = np.arange(8, dtype=np.float32).reshape(1, 8)
+    b = np.full((1, 8), 2, dtype=np.float32)
+    for _ in range(5):
+        got = client.infer("add_sub", add_sub_inputs(a, b, tc))
+        np.testing.assert_array_equal(got.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(got.as_numpy("OUTPUT1"), a - b)
+    assert client.is_model_ready("delay")
+    with grpc.insecure_channel(n1.router) as ch, pytest.raises(grpc.RpcError):
+        ch.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=3)
 
 
 # --- 5. a large node's changes travel as gossip patches ---------------------------------------

@@ -1,0 +1,154 @@
+"""Send one unary request on a decision's advice: the first target, a hedge after the delay,
+failover on errors that another replica may not have, all within the deadline.
+
+The first good answer wins; the other attempt is cancelled (its runtime stops working on it
+when the cancellation reaches it).  Every attempt's outcome is reported to the scorer, the
+last one with ``last`` set, which releases the decision's admission.
+
+Which errors fail over: the ones that say "this replica cannot answer now" -
+UNAVAILABLE (not reachable, killed), RESOURCE_EXHAUSTED (it shed the request), and
+INTERNAL/UNKNOWN (a broken backend).  The ones that say "this request is wrong" -
+INVALID_ARGUMENT, NOT_FOUND, UNIMPLEMENTED, ... - go straight back to the client: another
+replica would say the same, at the cost of its time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from meshd.router.upstream import Upstreams
+from meshd.score.scorer import Choice, Status
+
+FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+STATUS_OF = {grpc.StatusCode.UNAVAILABLE: Status.UNAVAILABLE,
+             grpc.StatusCode.RESOURCE_EXHAUSTED: Status.OVERLOADED,
+             grpc.StatusCode.DEADLINE_EXCEEDED: Status.TIMEOUT,
+             grpc.StatusCode.CANCELLED: Status.CANCELLED}
+
+Report = Callable[[str, float, Status, bool, bool], None]
+"""``report(replica, latency, status, hedge, last)``."""
+
+
+class Failed(Exception):
+    """Every attempt failed (or the deadline passed); carries what to tell the client."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+@dataclass(slots=True)
+class Attempt:
+    choice: Choice
+    hedge: bool
+    started: float
+    call: grpc.aio.UnaryUnaryCall
+
+
+@dataclass(slots=True)
+class Tally:
+    """What happened to one request, for metrics."""
+
+    attempts: int = 0
+    hedged: bool = False
+    hedge_won: bool = False
+    failovers: int = 0
+
+
+async def _wait(call: grpc.aio.UnaryUnaryCall) -> bytes:
+    return await call  # type: ignore[no-any-return]
+
+
+async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_after: float,
+                   *, upstreams: Upstreams, report: Report, clock: Callable[[], float],
+                   deadline: float | None, metadata: Sequence[tuple[str, str]] = (),
+                   tally: Tally | None = None) -> bytes:
+    """Relay ``raw`` (a serialized request for ``method``) and return the reply bytes, or
+    raise :class:`Failed`.  ``deadline`` is absolute, on ``clock``."""
+    tally = tally if tally is not None else Tally()
+    pending: dict[asyncio.Future[bytes], Attempt] = {}
+    queue = list(targets)
+    last_error: tuple[grpc.StatusCode, str] = (grpc.StatusCode.UNAVAILABLE,
+                                               "no target could be tried")
+
+    def start(hedge: bool) -> None:
+        choice = queue.pop(0)
+        now = clock()
+        timeout = None if deadline is None else max(0.0, deadline - now)
+        call = upstreams.unary(choice.endpoint, method)(raw, timeout=timeout,
+                                                          metadata=metadata or None)
+        fut: asyncio.Future[bytes] = asyncio.ensure_future(_wait(call))
+        pending[fut] = Attempt(choice, hedge, now, call)
+        tally.attempts += 1
+
+    def cancel_all(status: Status) -> None:
+        now = clock()
+        for fut, att in pending.items():
+            att.call.cancel()
+            fut.cancel()
+            report(att.choice.replica, now - att.started, status, att.hedge, False)
+        pending.clear()
+
+    start(False)
+    hedge_at = clock() + hedge_after if hedge_after > 0 and queue else None
+    try:
+        while pending:
+            now = clock()
+            waits = [t - now for t in (hedge_at, deadline) if t is not None]
+            timeout = max(0.0, min(waits)) if waits else None
+            done, _ = await asyncio.wait(pending, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            now = clock()
+            if not done:
+                if deadline is not None and now >= deadline:
+                    cancel_all(Status.TIMEOUT)
+                    raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 "deadline exceeded before any replica answered")
+                if hedge_at is not None and now >= hedge_at:
+                    hedge_at = None
+                    if queue:
+                        tally.hedged = True
+                        start(True)
+                continue
+            for fut in done:
+                att = pending.pop(fut)
+                latency = now - att.started
+                exc = fut.exception()
+                if exc is None:
+                    cancel_all(Status.CANCELLED)
+                    report(att.choice.replica, latency, Status.OK, att.hedge, True)
+                    tally.hedge_won = att.hedge
+                    return fut.result()
+                code, details = _error(exc)
+                status = STATUS_OF.get(code, Status.ERROR)
+                last_error = (code, details)
+                if code not in FAILOVER_CODES:
+                    cancel_all(Status.CANCELLED)
+                    report(att.choice.replica, latency, status, att.hedge, True)
+                    raise Failed(code, details)
+                report(att.choice.replica, latency, status, att.hedge, False)
+                if queue and not pending and (deadline is None or now < deadline):
+                    tally.failovers += 1
+                    start(False)
+        code, details = last_error
+        report("", 0.0, STATUS_OF.get(code, Status.ERROR), False, True)
+        raise Failed(code, f"every replica tried failed; last: {details}")
+    except asyncio.CancelledError:  # the client went away
+        cancel_all(Status.CANCELLED)
+        report("", 0.0, Status.CANCELLED, False, True)
+        raise
+
+
+def _error(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code(), exc.details() or exc.code().name
+    if isinstance(exc, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED, "cancelled"
+    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+

@@ -1,0 +1,357 @@
+"""The router's ingress: Triton's ``GRPCInferenceService`` (KServe v2 gRPC), so existing
+tritonclient code works unchanged when pointed at the router.
+
+- ``ModelInfer``: parsed once to validate it against the model's config (a mismatch is
+  INVALID_ARGUMENT naming the tensor, and Triton is never called) and to size it for the
+  scorer; then the client's bytes go to the scored target as they are, hedged and failed
+  over by :mod:`meshd.router.dispatch`.  A shed request is RESOURCE_EXHAUSTED with a
+  ``retry-after-ms`` trailer, at once: never a timeout.
+- ``ModelStreamInfer``: one replica per stream (session stickiness), chosen when the first
+  message arrives; messages pass through in both directions.
+- ``ServerLive``/``ServerReady``/``ModelReady`` and ``RepositoryIndex`` are answered from the
+  mesh view; ``ModelMetadata``/``ModelConfig`` are relayed to a ready replica.
+- Repository control, shared memory, tracing and log settings act on one server; through a
+  router they would act on an arbitrary replica, so they are UNIMPLEMENTED, saying so.
+
+Deadlines propagate (the client's, less the time spent here), and so does the W3C trace
+context (``traceparent``, ``tracestate``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2
+
+from meshd import __version__
+from meshd.router.auth import SLO_HEADER, ClientAuth, Unauthenticated
+from meshd.router.dispatch import Failed, Tally, dispatch
+from meshd.router.upstream import Upstreams
+from meshd.router.validate import InvalidRequest, ModelSchema, validate
+from meshd.score.scorer import ScoreError, Scorer, ScoreRequest, Status
+
+log = logging.getLogger("meshd.router")
+
+PASS_HEADERS = frozenset({"traceparent", "tracestate"})
+SCHEMA_TTL = 60.0
+"""Seconds a model's config is trusted before it is fetched again."""
+CONFIG_TIMEOUT = 5.0
+NO_SERVER_METHODS = {
+    "RepositoryModelLoad": "repository control acts on one server; use that server",
+    "RepositoryModelUnload": "repository control acts on one server; use that server",
+    "SystemSharedMemoryStatus": "shared memory is local to one server",
+    "SystemSharedMemoryRegister": "shared memory is local to one server",
+    "SystemSharedMemoryUnregister": "shared memory is local to one server",
+    "CudaSharedMemoryStatus": "shared memory is local to one server",
+    "CudaSharedMemoryRegister": "shared memory is local to one server",
+    "CudaSharedMemoryUnregister": "shared memory is local to one server",
+    "TraceSetting": "trace settings act on one server; the router traces with OTLP",
+    "LogSettings": "log settings act on one server",
+    "ModelStatistics": "statistics are per server; read the mesh's Prometheus metrics",
+}
+
+
+@dataclass(slots=True)
+class RouterCounters:
+    requests: int = 0
+    completed: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+    shed: dict[str, int] = field(default_factory=dict)
+    invalid: int = 0
+    hedged: int = 0
+    hedge_won: int = 0
+    failovers: int = 0
+    streams: int = 0
+
+
+class Schemas:
+    """Model configs (as validation schemas), fetched from a ready replica and cached."""
+
+    def __init__(self, upstreams: Upstreams) -> None:
+        self.upstreams = upstreams
+        self._cache: dict[tuple[str, str], tuple[float, ModelSchema]] = {}
+        self._config = service_pb2.ModelConfigRequest
+
+    async def get(self, model: str, version: str, endpoints: list[str],
+                  now: float) -> ModelSchema | None:
+        hit = self._cache.get((model, version))
+        if hit is not None and now - hit[0] < SCHEMA_TTL:
+            return hit[1]
+        req = self._config(name=model, version=version).SerializeToString()
+        for endpoint in endpoints:
+            try:
+                raw = await self.upstreams.unary(endpoint, "ModelConfig")(
+                    req, timeout=CONFIG_TIMEOUT)
+                cfg = service_pb2.ModelConfigResponse.FromString(raw).config
+                schema = ModelSchema.from_config(cfg)
+            except (grpc.aio.AioRpcError, DecodeError, ValueError) as exc:
+                log.debug("cannot fetch model config", extra={
+                    "event": "model_config_failed", "model": model, "endpoint": endpoint,
+                    "detail": str(exc)})
+                continue
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[(model, version)] = (now, schema)
+            return schema
+        return hit[1] if hit is not None else None
+
+
+class KServeRouter:
+    """The ``inference.GRPCInferenceService`` handlers over an in-process scorer."""
+
+    def __init__(self, scorer: Scorer, clock: Callable[[], float], auth: ClientAuth,
+                 *, node: str = "meshd", max_bytes: int = 64 << 20) -> None:
+        self.scorer = scorer
+        self.clock = clock
+        self.auth = auth
+        self.node = node
+        self.max_bytes = max_bytes
+        self.upstreams = Upstreams()
+        self.schemas = Schemas(self.upstreams)
+        self.counters = RouterCounters()
+
+    # --- wiring -------------------------------------------------------------------------------
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        svc = service_pb2
+        handlers: dict[str, grpc.RpcMethodHandler] = {
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(self.model_infer),
+            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self.model_stream_infer),
+            "ModelMetadata": grpc.unary_unary_rpc_method_handler(self.model_metadata),
+            "ModelConfig": grpc.unary_unary_rpc_method_handler(self.model_config),
+            "ServerLive": self._typed(self.server_live, svc.ServerLiveRequest),
+            "ServerReady": self._typed(self.server_ready, svc.ServerReadyRequest),
+            "ModelReady": self._typed(self.model_ready, svc.ModelReadyRequest),
+            "ServerMetadata": self._typed(self.server_metadata, svc.ServerMetadataRequest),
+            "RepositoryIndex": self._typed(self.repository_index, svc.RepositoryIndexRequest),
+        }
+        for name, why in NO_SERVER_METHODS.items():
+            handlers[name] = grpc.unary_unary_rpc_method_handler(_unimplemented(name, why))
+        return grpc.method_handlers_generic_handler("inference.GRPCInferenceService", handlers)
+
+    def _typed(self, fn: Callable[..., Any], request_type: Any) -> grpc.RpcMethodHandler:
+        """A handler for a parsed request, callable only by an authenticated client."""
+        async def handler(req: Any, context: grpc.aio.ServicerContext) -> Any:
+            await self._caller(context)
+            return await fn(req, context)
+        return grpc.unary_unary_rpc_method_handler(
+            handler, request_deserializer=request_type.FromString,
+            response_serializer=lambda m: m.SerializeToString())
+
+    async def close(self) -> None:
+        await self.upstreams.close()
+
+    # --- inference ----------------------------------------------------------------------------
+
+    async def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str, str, list[Any]]:
+        md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        try:
+            tenant = self.auth.tenant(md, context)
+        except Unauthenticated as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        passed = [(k, v) for k, v in md.items() if k in PASS_HEADERS]
+        return tenant, md.get(SLO_HEADER, ""), passed
+
+    async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        c = self.counters
+        c.requests += 1
+        tenant, slo, passed = await self._caller(context)
+        try:
+            req = service_pb2.ModelInferRequest.FromString(raw)
+        except DecodeError:
+            c.invalid += 1
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "request is not a ModelInferRequest")
+        now = self.clock()
+        model, version = req.model_name, req.model_version
+        schema = await self._schema(model, version, now)
+        if schema is None:
+            c.failed["no_targets"] = c.failed.get("no_targets", 0) + 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"no ready replica of model {model!r} in the mesh")
+        assert schema is not None
+        try:
+            payload = validate(req, schema, self.max_bytes)
+        except InvalidRequest as exc:
+            c.invalid += 1
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        remaining = context.time_remaining()
+        try:
+            scored = self.scorer.score(ScoreRequest(
+                model, version, payload, tenant, slo,
+                deadline=remaining if remaining is not None else 0.0), now)
+        except ScoreError as exc:
+            c.invalid += 1
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        v = scored.verdict
+        if not v.admit:
+            c.shed[v.reason] = c.shed.get(v.reason, 0) + 1
+            code = (grpc.StatusCode.UNAVAILABLE if v.reason == "no_targets"
+                    else grpc.StatusCode.RESOURCE_EXHAUSTED)
+            context.set_trailing_metadata((("retry-after-ms",
+                                            str(max(1, round(v.retry_after * 1000)))),))
+            await context.abort(code, f"shed: {v.reason}; retry after {v.retry_after:.3f} s")
+        did = scored.decision_id
+        scorer = self.scorer
+        clock = self.clock
+
+        def report(replica: str, latency: float, status: Status, hedge: bool,
+                   last: bool) -> None:
+            scorer.report(did, replica, latency, status, clock(), hedge=hedge, last=last)
+
+        tally = Tally()
+        try:
+            reply = await dispatch(raw, "ModelInfer", scored.targets, scored.hedge_after,
+                                   upstreams=self.upstreams, report=report, clock=clock,
+                                   deadline=None if remaining is None else now + remaining,
+                                   metadata=passed, tally=tally)
+        except Failed as exc:
+            c.failed[exc.code.name] = c.failed.get(exc.code.name, 0) + 1
+            await context.abort(exc.code, exc.details)
+        finally:
+            c.hedged += tally.hedged
+            c.hedge_won += tally.hedge_won
+            c.failovers += tally.failovers
+        c.completed += 1
+        return reply
+
+    async def _schema(self, model: str, version: str, now: float) -> ModelSchema | None:
+        if not model:
+            return None
+        weights, _ = self.scorer.weights(model, version, now)
+        endpoints = [c.endpoint for c, _ in sorted(weights, key=lambda x: -x[1])][:3]
+        return await self.schemas.get(model, version, endpoints, now)
+
+    async def model_stream_infer(self, requests: AsyncIterator[bytes],
+                                 context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """One replica per stream, chosen by the first message's model."""
+        self.counters.streams += 1
+        tenant, slo, passed = await self._caller(context)
+        first = await anext(aiter(requests), None)
+        if first is None:
+            return
+        try:
+            req = service_pb2.ModelInferRequest.FromString(first)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "first message is not a ModelInferRequest")
+        now = self.clock()
+        try:
+            scored = self.scorer.score(ScoreRequest(req.model_name, req.model_version,
+                                                    len(first), tenant, slo,
+                                                    idempotent=False), now)
+        except ScoreError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        v = scored.verdict
+        if not v.admit:
+            code = (grpc.StatusCode.UNAVAILABLE if v.reason == "no_targets"
+                    else grpc.StatusCode.RESOURCE_EXHAUSTED)
+            await context.abort(code, f"shed: {v.reason}; retry after {v.retry_after:.3f} s")
+        target = scored.targets[0]
+        started = time.monotonic()
+
+        async def upstream_requests() -> AsyncIterator[bytes]:
+            yield first
+            async for msg in requests:
+                yield msg
+
+        call = self.upstreams.stream(target.endpoint)(upstream_requests(),
+                                                      metadata=passed or None)
+        status = Status.OK
+        try:
+            async for reply in call:
+                yield reply
+        except grpc.aio.AioRpcError as exc:
+            status = Status.UNAVAILABLE if exc.code() == grpc.StatusCode.UNAVAILABLE \
+                else Status.ERROR
+            await context.abort(exc.code(), exc.details() or exc.code().name)
+        except asyncio.CancelledError:
+            status = Status.CANCELLED
+            call.cancel()
+            raise
+        finally:
+            self.scorer.report(scored.decision_id, target.replica,
+                               time.monotonic() - started, status, self.clock(), last=True)
+
+    # --- relayed metadata ---------------------------------------------------------------------
+
+    async def _relay(self, raw: bytes, method: str, request_type: Any,
+                     context: grpc.aio.ServicerContext) -> bytes:
+        await self._caller(context)
+        try:
+            req = request_type.FromString(raw)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request is not a {request_type.__name__}")
+        weights, _ = self.scorer.weights(req.name, req.version, self.clock())
+        if not weights:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"no ready replica of model {req.name!r} in the mesh")
+        last: grpc.aio.AioRpcError | None = None
+        for choice, _ in sorted(weights, key=lambda x: -x[1])[:3]:
+            try:
+                return await self.upstreams.unary(choice.endpoint, method)(  # type: ignore[no-any-return]
+                    raw, timeout=context.time_remaining() or CONFIG_TIMEOUT)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    await context.abort(exc.code(), exc.details() or exc.code().name)
+                last = exc
+        assert last is not None
+        await context.abort(last.code(), last.details() or "no replica answered")
+        raise AssertionError("unreachable")
+
+    async def model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return await self._relay(raw, "ModelMetadata", service_pb2.ModelMetadataRequest,
+                                 context)
+
+    async def model_config(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return await self._relay(raw, "ModelConfig", service_pb2.ModelConfigRequest, context)
+
+    # --- answered from the mesh view ----------------------------------------------------------
+
+    async def server_live(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def server_ready(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        ready = any(r.ready for e in self.scorer.fused.nodes.values()
+                    for r in e.signals.replicas)
+        return service_pb2.ServerReadyResponse(ready=ready)
+
+    async def model_ready(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        weights, _ = self.scorer.weights(req.name, req.version, self.clock())
+        return service_pb2.ModelReadyResponse(ready=bool(weights))
+
+    async def server_metadata(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        return service_pb2.ServerMetadataResponse(name=f"meshd-router ({self.node})",
+                                                  version=__version__, extensions=[])
+
+    async def repository_index(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Every model version any node serves: READY where a routable replica is."""
+        now = self.clock()
+        seen: dict[tuple[str, str], bool] = {}
+        for entry in self.scorer.fused.nodes.values():
+            for r in entry.signals.replicas:
+                seen.setdefault((r.model, r.version), False)
+        for model, version in seen:
+            seen[(model, version)] = bool(self.scorer.weights(model, version, now)[0])
+        index = [service_pb2.RepositoryIndexResponse.ModelIndex(
+            name=m, version=v, state="READY" if ok else "UNAVAILABLE",
+            reason="" if ok else "no routable replica")
+            for (m, v), ok in sorted(seen.items()) if ok or not req.ready]
+        return service_pb2.RepositoryIndexResponse(models=index)
+
+
+def _unimplemented(name: str, why: str) -> Callable[..., Any]:
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} through a meshd router: "
+                                                           f"{why}")
+        raise AssertionError("unreachable")
+    return handler
+

@@ -1,0 +1,51 @@
+"""Start the router's KServe v2 gRPC ingress (``meshd --role router``).
+
+Plaintext only in ``--dev``.  Otherwise TLS with the node's identity; clients present a mesh
+client certificate, or (when a token file is configured) a per-tenant bearer token, so client
+certificates become optional at the handshake and the handler checks one or the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from certs import tls
+from certs.verify import PeerVerifier
+from meshd.router.auth import ClientAuth, load_tokens
+from meshd.router.kserve import KServeRouter
+from meshd.router.upstream import MAX_MESSAGE
+from meshd.score.scorer import Scorer
+
+
+async def serve(scorer: Scorer, clock: Callable[[], float], addr: tuple[str, int], *,
+                dev: bool, identity: Callable[[], object], tokens_file: str = "",
+                node: str = "meshd", reuse_port: bool = False,
+                verifier: PeerVerifier | None = None
+                ) -> tuple[grpc.aio.Server, KServeRouter, str]:
+    """The started server, its router, and the address it is bound to.  ``reuse_port`` lets
+    worker processes share the port (the kernel spreads connections over them)."""
+    tokens = load_tokens(Path(tokens_file)) if tokens_file else None
+    auth = ClientAuth(dev=dev, tokens=tokens, verifier=verifier)
+    router = KServeRouter(scorer, clock, auth, node=node)
+    server = grpc.aio.server(options=[
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ("grpc.max_send_message_length", MAX_MESSAGE)])
+    server.add_generic_rpc_handlers((router.handler(),))
+    host, port = addr
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        if dev:
+            bound = server.add_insecure_port(target)
+        else:
+            creds = tls.grpc_server_credentials(identity, require_client_auth=tokens is None)
+            bound = server.add_secure_port(target, creds)
+    except RuntimeError:  # grpcio raises instead of returning 0 on a bind failure
+        bound = 0
+    if bound == 0:
+        raise OSError(f"cannot bind the router on {target} (address in use?)")
+    await server.start()
+    return server, router, f"{host}:{bound}"

@@ -1,0 +1,523 @@
+"""The scorer: for one request, the ranked targets, the admission verdict and a hedge delay;
+for each outcome, what it teaches about its target.
+
+Sans-I/O like the protocol cores: ``now`` is an argument, randomness comes from a seeded
+``random.Random``, and the only clock read is the strategy-budget timer (injectable).  The
+gRPC service (``meshd/score_api.py``), the in-process router and the benchmarks all call
+:meth:`Scorer.score` and :meth:`Scorer.report` directly.
+
+Order of work for one request (each step can shed, with a reason and a retry-after):
+
+1. targets: the model's eligible replicas (ready; node not cordoned, draining or quarantined;
+   allowed by its ModelPin) whose queue figure is fresh; when none is fresh, all of them,
+   predicted from this agent's own observations only (``degraded``);
+2. prediction: seconds-of-work for each (``target.Target.predict``);
+3. ranking: the model's strategy, within its time budget (else ``p2c``), and its shadow;
+4. admission: the deadline, the tenant's quota, the model's limit, then the first ranked
+   target with room in its adaptive limit (at the request's priority share) goes first;
+5. hedging: a delay when the request is idempotent, its SLO class allows it, a second target
+   exists and the model's hedge budget has a token.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.model import work_units
+from meshd.fused import FusedState
+from meshd.score.admission import ADMIT, TenantGate, Verdict, priority_share
+from meshd.score.budget import HedgeBudget
+from meshd.score.config import DEFAULT_ROUTING, RoutingConfig, ScoreConfig
+from meshd.score.decisions import Decision, Decisions
+from meshd.score.hedging import hedge_after
+from meshd.score.limiter import AdaptiveLimit, LimiterConfig
+from meshd.score.shadow import ShadowStats
+from meshd.score.strategies import FALLBACK, default_registry
+from meshd.score.strategy import Context, Registry, Strategy
+from meshd.score.target import Target, TargetStats, TargetTable, predict_all
+
+STRATEGY_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3)
+"""Upper bounds (seconds) of the per-strategy decision-time histogram."""
+
+MAX_TEXT = 256
+
+MODEL_LIMITER = LimiterConfig(initial=100.0, min_limit=4.0, max_limit=10_000.0)
+"""A model's limit across all its targets: it starts where the targets' own limits (20 each)
+bind first, and guards the model as a whole when its latency climbs everywhere at once."""
+
+
+class ScoreError(ValueError):
+    """A request the scorer cannot take as given; the message names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class Status(enum.IntEnum):
+    """How a request sent to a target ended (mirrors ``mesh.v1.OutcomeStatus``)."""
+
+    OK = 0
+    ERROR = 1
+    UNAVAILABLE = 2
+    TIMEOUT = 3
+    CANCELLED = 4
+    OVERLOADED = 5
+
+
+DROPPED = frozenset({Status.UNAVAILABLE, Status.TIMEOUT, Status.OVERLOADED})
+"""Outcomes that mean the target could not take the request: its limit backs off."""
+
+
+@dataclass(slots=True)
+class ScoreRequest:
+    model: str
+    revision: str = ""
+    payload_bytes: int = 0
+    tenant: str = ""
+    slo_class: str = ""
+    deadline: float = 0.0
+    """Seconds the request has left; 0 = its SLO class's deadline (or none)."""
+    exclude: Collection[str] = ()
+    """Replica keys or node names not to return."""
+    idempotent: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One ranked target, with the prediction it was ranked on."""
+
+    node: str
+    endpoint: str
+    replica: str
+    version: str
+    zone: str
+    predicted: float
+    rtt: float
+    queue: float
+    service: float
+
+
+@dataclass(slots=True)
+class Scored:
+    targets: list[Choice]
+    verdict: Verdict
+    hedge_after: float = 0.0
+    decision_id: int = 0
+    strategy: str = ""
+    degraded: bool = False
+
+
+@dataclass(slots=True)
+class StrategyTiming:
+    count: int = 0
+    total: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(STRATEGY_BUCKETS) + 1))
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.total += seconds
+        for i, bound in enumerate(STRATEGY_BUCKETS):
+            if seconds <= bound:
+                self.buckets[i] += 1
+                return
+        self.buckets[-1] += 1
+
+
+@dataclass(slots=True)
+class ScoreCounters:
+    """What the metrics layer exports; plain counters, updated on the hot path."""
+
+    decisions: Counter[str] = field(default_factory=Counter)
+    """By strategy that ranked."""
+    shed: Counter[str] = field(default_factory=Counter)
+    """By reason."""
+    fallbacks: Counter[str] = field(default_factory=Counter)
+    """Decisions ranked by ``p2c`` instead: ``unknown``, ``over_budget``, ``failed``."""
+    degraded: int = 0
+    hedges_offered: int = 0
+    hedges_sent: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    unknown_outcomes: int = 0
+    timing: dict[str, StrategyTiming] = field(default_factory=dict)
+    shadow: dict[tuple[str, str], ShadowStats] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ModelState:
+    limit: AdaptiveLimit
+    budget: HedgeBudget
+    ratio: float
+
+
+def _choice(t: Target) -> Choice:
+    return Choice(t.node, t.endpoint, t.key, t.version, t.zone, t.p_seconds, t.rtt,
+                  t.p_queue, t.p_service)
+
+
+class Scorer:
+    """Scores requests against a fused view.
+
+    ``policy(kind, name)`` returns a policy spec (None: no such document) and
+    ``policy_version()`` moves whenever one may have changed; ``rtt_of(node)`` and
+    ``zone_of(node)`` come from the coordinate plane and gossip.  ``quota_share()`` is this
+    agent's share of tenant quotas.
+    """
+
+    def __init__(self, fused: FusedState, *, zone: str = "",
+                 policy: Callable[[str, str], dict[str, Any] | None] = lambda k, n: None,
+                 policy_version: Callable[[], int] = lambda: 0,
+                 rtt_of: Callable[[str], float | None] = lambda n: None,
+                 zone_of: Callable[[str], str] = lambda n: "",
+                 quota_share: Callable[[], float] = lambda: 1.0,
+                 config: ScoreConfig | None = None, registry: Registry | None = None,
+                 limiter: LimiterConfig | None = None,
+                 model_limiter: LimiterConfig = MODEL_LIMITER, rng: random.Random | None = None,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self.fused = fused
+        self.zone = zone
+        self.config = config or ScoreConfig()
+        self.policy = policy
+        self.policy_version = policy_version
+        self.registry = registry or default_registry()
+        self.limiter = limiter or LimiterConfig()
+        self.model_limiter = model_limiter
+        self.rng = rng or random.Random()
+        self.timer = timer
+        self.counters = ScoreCounters()
+        self.table = TargetTable(fused, self.config, rtt_of=rtt_of, zone_of=zone_of,
+                                 pin_of=self._pin_of, policy_version=policy_version,
+                                 new_stats=self._new_stats)
+        self.tenants = TenantGate(lambda t: policy("TenantQuota", t), policy_version,
+                                  quota_share)
+        self.decisions = Decisions(self.config.max_open_decisions, self._expire)
+        self._models: dict[str, ModelState] = {}
+        self._strategies: dict[str, Strategy | None] = {}
+        self._routing: dict[str, tuple[int, RoutingConfig]] = {}
+
+    # --- policy lookups ----------------------------------------------------------------------
+
+    def routing(self, model: str) -> RoutingConfig:
+        version = self.policy_version()
+        cached = self._routing.get(model)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        spec = self.policy("RoutingPolicy", model) or self.policy("RoutingPolicy", "default")
+        cfg = RoutingConfig.from_spec(spec) if spec else DEFAULT_ROUTING
+        if len(self._routing) > 4096:
+            self._routing.clear()
+        self._routing[model] = (version, cfg)
+        return cfg
+
+    def _pin_of(self, model: str, version: str) -> dict[str, Any] | None:
+        return self.policy("ModelPin", f"{model}:{version}") or self.policy("ModelPin", model)
+
+    def _new_stats(self) -> TargetStats:
+        return TargetStats(AdaptiveLimit(self.limiter))
+
+    def _model(self, model: str, routing: RoutingConfig) -> ModelState:
+        ms = self._models.get(model)
+        if ms is None or ms.ratio != routing.hedge_budget:
+            budget = HedgeBudget(routing.hedge_budget, self.config.hedge_burst)
+            limit = ms.limit if ms is not None else AdaptiveLimit(self.model_limiter)
+            ms = self._models[model] = ModelState(limit, budget, routing.hedge_budget)
+        return ms
+
+    def strategy(self, name: str) -> Strategy | None:
+        if name not in self._strategies:
+            self._strategies[name] = self.registry.create(name)
+        return self._strategies[name]
+
+    # --- scoring -----------------------------------------------------------------------------
+
+    def candidates(self, req: ScoreRequest, routing: RoutingConfig,
+                   now: float) -> tuple[list[Target], bool]:
+        """The targets this request may go to, with its prediction filled in, and whether
+        they are degraded (every queue figure stale: own observations only)."""
+        eligible = self.table.targets(req.model, now).eligible
+        units = work_units(req.payload_bytes)
+        out: list[Target] = []
+        stale: list[Target] = []
+        oldest = now - routing.stale_after
+        excl = req.exclude
+        rev = req.revision
+        for t in eligible:
+            if (rev and t.version != rev) or (excl and (t.key in excl or t.node in excl)):
+                continue
+            if t.queue_at >= oldest and t.queue_at > 0:
+                out.append(t)
+            else:
+                stale.append(t)
+        if out or not stale:
+            predict_all(out, units)
+            return out, False
+        predict_all(stale, units, own_only=True)
+        return stale, True
+
+    def rank(self, targets: list[Target], ctx: Context) -> tuple[list[Target], str]:
+        """The active strategy's ranking (or ``p2c``'s, counted, when it cannot give one)."""
+        name = ctx.routing.strategy
+        strat = self.strategy(name)
+        counters = self.counters
+        if strat is None:
+            counters.fallbacks["unknown"] += 1
+        else:
+            t0 = self.timer()
+            ctx.deadline = t0 + self.config.strategy_budget
+            try:
+                ranked = list(strat.rank(targets, ctx))
+            except Exception:  # noqa: BLE001 - a plugin's bug must not fail the request
+                ranked = []
+                counters.fallbacks["failed"] += 1
+            else:
+                if not ranked:
+                    counters.fallbacks["failed"] += 1
+            elapsed = self.timer() - t0
+            timing = counters.timing.get(name)
+            if timing is None:
+                timing = counters.timing[name] = StrategyTiming()
+            timing.observe(elapsed)
+            if ranked and elapsed > self.config.strategy_budget:
+                counters.fallbacks["over_budget"] += 1
+                ranked = []
+            if ranked:
+                return ranked[: ctx.limit], name
+        fallback = self.strategy(FALLBACK)
+        assert fallback is not None
+        return list(fallback.rank(targets, ctx))[: ctx.limit], FALLBACK
+
+    def _shadow(self, model: str, active: list[Target], targets: list[Target],
+                ctx: Context) -> None:
+        cand = ctx.routing.shadow
+        if cand is None or cand == ctx.routing.strategy:
+            return
+        key = (model, cand)
+        stats = self.counters.shadow.get(key)
+        if stats is None:
+            if len(self.counters.shadow) > 1024:
+                return
+            stats = self.counters.shadow[key] = ShadowStats(ctx.routing.strategy, cand)
+        strat = self.strategy(cand)
+        if strat is None:
+            stats.failed += 1
+            return
+        t0 = self.timer()
+        try:
+            picks = list(strat.rank(targets, ctx))
+        except Exception:  # noqa: BLE001 - the shadow never affects the request
+            picks = []
+        if not picks or self.timer() - t0 > self.config.strategy_budget:
+            stats.failed += 1
+            return
+        stats.record(picks[0] is not active[0], picks[0].p_seconds - active[0].p_seconds)
+
+    def score(self, req: ScoreRequest, now: float) -> Scored:
+        self.decisions.sweep(now)
+        if not req.model or len(req.model) > MAX_TEXT:
+            raise ScoreError("model", f"must be 1-{MAX_TEXT} characters")
+        slo = self._slo(req.slo_class)
+        deadline = req.deadline if req.deadline > 0 else (
+            slo["deadline_ms"] / 1000 if slo else None)
+        if req.deadline < 0 or not math.isfinite(req.deadline):
+            raise ScoreError("deadline", "must be a finite number of seconds >= 0")
+        routing = self.routing(req.model)
+        targets, degraded = self.candidates(req, routing, now)
+        counters = self.counters
+        if not targets:
+            counters.shed["no_targets"] += 1
+            return Scored([], Verdict(False, "no_targets", self.config.retry_after_bounds[1]))
+        if degraded:
+            counters.degraded += 1
+        ctx = Context(req.model, work_units(req.payload_bytes), routing.max_targets, self.zone,
+                      routing, self.rng, 0.0)
+        ranked, used = self.rank(targets, ctx)
+        counters.decisions[used] += 1
+        if routing.shadow is not None:
+            self._shadow(req.model, ranked, targets, ctx)
+        tenant = self.tenants.state(req.tenant, now)
+        priority = slo["shed_priority"] if slo else tenant.priority
+        verdict, first = self._admit_targets(req, ranked, tenant, priority, deadline, routing,
+                                             now)
+        if not verdict.admit:
+            counters.shed[verdict.reason] += 1
+            return Scored([_choice(t) for t in ranked], verdict, strategy=used,
+                          degraded=degraded)
+        assert first is not None
+        ms = self._models[req.model]
+        delay = 0.0
+        if (req.idempotent and len(ranked) > 1 and (slo is None or slo["hedging"])
+                and ms.budget.tokens >= 1):
+            fixed = slo["hedge_after_ms"] / 1000 if slo and slo["hedge_after_ms"] else None
+            delay = hedge_after(first, routing.hedge_quantile, fixed, deadline,
+                                self.config.min_hedge_after)
+            if delay:
+                counters.hedges_offered += 1
+        ms.budget.on_request()
+        stats = first.stats
+        stats.units_per_request += 0.1 * (ctx.units - stats.units_per_request)
+        c = 1 / stats.correction
+        d = Decision(self.decisions.next_id(), req.model, tenant, ms.limit, stats, first.key,
+                     {t.key: (t.rtt, (t.p_queue + t.p_service) * c) for t in ranked},
+                     ctx.units, now, now + (deadline or self.config.decision_ttl)
+                     + self.config.expiry_grace)
+        self.decisions.add(d)
+        self.fused.observe_start(first.key, now)
+        return Scored([_choice(t) for t in ranked], ADMIT, delay, d.id, used, degraded)
+
+    def _slo(self, name: str) -> dict[str, Any] | None:
+        if not name:
+            return None
+        slo = self.policy("SloClass", name)
+        if slo is None:
+            raise ScoreError("slo_class", f"no SloClass named {name!r}")
+        return slo
+
+    def _admit_targets(self, req: ScoreRequest, ranked: list[Target], tenant: Any,
+                       priority: int, deadline: float | None, routing: RoutingConfig,
+                       now: float) -> tuple[Verdict, Target | None]:
+        """Admission for a scored request; on success ``ranked[0]`` is the target whose slot
+        was taken (moved to the front if a better-ranked one was full)."""
+        lo, hi = self.config.retry_after_bounds
+        drain = min(t.p_queue for t in ranked)
+        retry = min(hi, max(lo, drain))
+        if deadline is not None and min(t.p_seconds for t in ranked) > deadline:
+            return Verdict(False, "deadline", retry), None
+        v = self.tenants.check(tenant, now)
+        if not v.admit:
+            return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), None
+        share = priority_share(priority)
+        ms = self._model(req.model, routing)
+        cap = routing.max_concurrency
+        if (cap is not None and ms.limit.inflight >= cap) or not ms.limit.try_acquire(share):
+            self.tenants.release(tenant)
+            return Verdict(False, "model_limit", retry), None
+        for i, t in enumerate(ranked):
+            if t.stats.limit.try_acquire(share):
+                if i:
+                    ranked.insert(0, ranked.pop(i))
+                return ADMIT, t
+        ms.limit.forget()
+        self.tenants.release(tenant)
+        return Verdict(False, "target_limit", retry), None
+
+    def admit(self, model: str, now: float, *, revision: str = "", payload_bytes: int = 0,
+              tenant: str = "", slo_class: str = "") -> tuple[Verdict, int]:
+        """Admission alone, for gateways that choose targets themselves: tenant quota and the
+        model's limit.  Report an outcome (any replica) with ``last`` to release it."""
+        self.decisions.sweep(now)
+        if not model or len(model) > MAX_TEXT:
+            raise ScoreError("model", f"must be 1-{MAX_TEXT} characters")
+        slo = self._slo(slo_class)
+        routing = self.routing(model)
+        req = ScoreRequest(model, revision, payload_bytes, tenant, slo_class)
+        targets, _ = self.candidates(req, routing, now)
+        if not targets:
+            self.counters.shed["no_targets"] += 1
+            return Verdict(False, "no_targets", self.config.retry_after_bounds[1]), 0
+        st = self.tenants.state(tenant, now)
+        lo, hi = self.config.retry_after_bounds
+        v = self.tenants.check(st, now)
+        if not v.admit:
+            self.counters.shed[v.reason] += 1
+            return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), 0
+        ms = self._model(model, routing)
+        share = priority_share(slo["shed_priority"] if slo else st.priority)
+        cap = routing.max_concurrency
+        if (cap is not None and ms.limit.inflight >= cap) or not ms.limit.try_acquire(share):
+            self.tenants.release(st)
+            self.counters.shed["model_limit"] += 1
+            retry = min(hi, max(lo, min(t.p_queue for t in targets)))
+            return Verdict(False, "model_limit", retry), 0
+        deadline = slo["deadline_ms"] / 1000 if slo else self.config.decision_ttl
+        d = Decision(self.decisions.next_id(), model, st, ms.limit, None, "", {},
+                     work_units(payload_bytes), now, now + deadline + self.config.expiry_grace,
+                     first_open=False)
+        self.decisions.add(d)
+        return ADMIT, d.id
+
+    # --- outcomes ----------------------------------------------------------------------------
+
+    def report(self, decision_id: int, replica: str, latency: float, status: Status,
+               now: float, *, hedge: bool = False, last: bool = True) -> bool:
+        """A request sent on a decision's advice ended at ``replica``.  False when the
+        decision is unknown (expired): the target still learns from the outcome."""
+        ok = status == Status.OK
+        if not math.isfinite(latency) or latency < 0:
+            latency = math.nan
+        counters = self.counters
+        counters.outcomes[status.name] += 1
+        d = self.decisions.get(decision_id)
+        stats = self.table.stats.get(replica) if replica else None
+        if stats is not None:
+            stats.outcomes += 1
+            if ok and latency == latency:
+                stats.latency.add(latency)
+            elif not ok and status != Status.CANCELLED:
+                stats.failures += 1
+            started = d is not None and d.first_open and d.first_key == replica
+            if status == Status.CANCELLED:
+                if started:
+                    self.fused.observe_end(replica)
+            else:
+                self.fused.observe_outcome(replica, latency, ok, now, started=started)
+        if d is None:
+            counters.unknown_outcomes += 1
+            return False
+        if hedge:
+            counters.hedges_sent += 1
+            ms = self._models.get(d.model)
+            if ms is not None:
+                ms.budget.charge()
+        if stats is not None and ok and latency == latency:
+            pred = d.predicted.get(replica)
+            if pred is not None and pred[1] > 0:
+                ratio = max(0.0, latency - pred[0]) / pred[1]
+                lo, hi = self.config.correction_bounds
+                ratio = min(hi, max(lo, ratio))
+                stats.correction += self.config.correction_weight * (ratio - stats.correction)
+        if d.first_open and replica == d.first_key and d.first is not None:
+            d.first_open = False
+            if status == Status.CANCELLED or latency != latency:
+                d.first.limit.forget()
+            else:
+                d.first.limit.release(latency, status in DROPPED, now)
+        if last:
+            self.decisions.close(d.id)
+            self._release(d, latency if ok else None, status in DROPPED, now)
+        return True
+
+    def _release(self, d: Decision, latency: float | None, dropped: bool, now: float) -> None:
+        if d.first_open and d.first is not None:
+            d.first_open = False
+            d.first.limit.forget()
+            self.fused.observe_end(d.first_key)
+        if latency is None or latency != latency:
+            if dropped:
+                d.model_limit.release(None, True, now)
+            else:
+                d.model_limit.forget()
+        else:
+            d.model_limit.release(latency, False, now)
+        self.tenants.release(d.tenant)
+
+    def _expire(self, d: Decision) -> None:
+        self._release(d, None, False, d.expires)
+
+    # --- weights (WatchTargets) --------------------------------------------------------------
+
+    def weights(self, model: str, revision: str, now: float) -> tuple[list[tuple[Choice, float]],
+                                                                       bool]:
+        """Each target's share for a router that balances locally: proportional to
+        1 / predicted seconds of a one-unit request (fast, idle targets get more)."""
+        routing = self.routing(model)
+        targets, degraded = self.candidates(ScoreRequest(model, revision), routing, now)
+        inv = [1 / max(t.p_seconds, 1e-6) for t in targets]
+        total = sum(inv)
+        return [(_choice(t), w / total) for t, w in zip(targets, inv, strict=True)], degraded

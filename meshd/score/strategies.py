@@ -1,0 +1,128 @@
+"""The built-in strategies: ``baseline_rr``, ``least_queue``, ``p2c`` and ``hybrid``.
+
+Each ranks by its own rule and returns at most ``ctx.limit`` targets, best first; the rest of
+the list is the failover and hedge order.  All are O(n) (or O(n log k)) in the number of
+targets: they run once per request.
+"""
+
+from __future__ import annotations
+
+import heapq
+import operator
+from collections.abc import Sequence
+
+from meshd.score.strategy import Context, Registry
+from meshd.score.target import Target
+
+HEADROOM_FLOOR = 0.1
+"""GPU memory free share under which ``hybrid`` starts to avoid a target: a replica on a GPU
+that is nearly full is one allocation away from failing (or from the trainer beside it)."""
+
+HEADROOM_PENALTY = 1.0
+"""How much of its own predicted seconds a target with no free GPU memory is charged."""
+
+
+_by_predicted = operator.attrgetter("p_seconds")
+
+
+def _best(targets: Sequence[Target], k: int) -> list[Target]:
+    if k >= len(targets):
+        return sorted(targets, key=_by_predicted)
+    return heapq.nsmallest(k, targets, key=_by_predicted)
+
+
+class RoundRobin:
+    """``baseline_rr``: each target in turn, whatever its state.  Context only: it piles onto
+    slow replicas, which is what the others are measured against."""
+
+    name = "baseline_rr"
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+
+    def rank(self, targets: Sequence[Target], ctx: Context) -> Sequence[Target]:
+        n = len(targets)
+        i = self._next.get(ctx.model, 0) % n
+        self._next[ctx.model] = i + 1
+        return [targets[(i + j) % n] for j in range(min(n, ctx.limit))]
+
+
+class LeastQueue:
+    """``least_queue``: the shortest backlog (runtime's report or this agent's in-flight,
+    whichever is larger), ties broken at random so routers do not agree on one target."""
+
+    name = "least_queue"
+
+    def rank(self, targets: Sequence[Target], ctx: Context) -> Sequence[Target]:
+        rnd = ctx.rng.random
+        keyed = [(t.p_backlog, rnd(), t) for t in targets]
+        best = heapq.nsmallest(ctx.limit, keyed, key=lambda x: (x[0], x[1]))
+        return [x[2] for x in best]
+
+
+class PowerOfTwo:
+    """``p2c``: sample two targets, take the lower predicted seconds.
+
+    Robust to stale data: even when every router's view is equally wrong, two random
+    choices spread the load instead of herding it onto the one target that looks best.
+    The rest follow by predicted seconds, as failover and hedge candidates.
+    """
+
+    name = "p2c"
+
+    def rank(self, targets: Sequence[Target], ctx: Context) -> Sequence[Target]:
+        n = len(targets)
+        if n == 1:
+            return [targets[0]]
+        i = int(ctx.rng.random() * n)
+        j = int(ctx.rng.random() * (n - 1))
+        if j >= i:
+            j += 1
+        a, b = targets[i], targets[j]
+        first = a if a.p_seconds <= b.p_seconds else b
+        if ctx.limit == 1:
+            return [first]
+        rest = _best([t for t in targets if t is not first], ctx.limit - 1)
+        return [first, *rest]
+
+
+class Hybrid:
+    """``hybrid``: predicted seconds (which include the RTT), plus a penalty for leaving the
+    agent's zone and for GPU memory running out, plus bounded jitter.
+
+    The jitter is uniform in ``[0, randomization * best predicted]``: targets within that
+    margin of the best are treated as equals and chosen among at random, so routers sharing
+    one view do not all pick the same replica, while a clearly better one still wins.
+    """
+
+    name = "hybrid"
+
+    def rank(self, targets: Sequence[Target], ctx: Context) -> Sequence[Target]:
+        rnd = ctx.rng.random
+        best = min(map(_by_predicted, targets))
+        spread = ctx.routing.randomization * best
+        costs = [t.p_seconds + rnd() * spread for t in targets]
+        penalty = ctx.routing.zone_penalty
+        zone = ctx.zone
+        for i, t in enumerate(targets):
+            if zone and t.zone != zone:
+                costs[i] += penalty
+            h = t.gpu_headroom
+            if h is not None and h < HEADROOM_FLOOR:
+                costs[i] += t.p_seconds * HEADROOM_PENALTY * (1 - h / HEADROOM_FLOOR)
+        chosen = heapq.nsmallest(ctx.limit, range(len(targets)), key=costs.__getitem__)
+        return [targets[i] for i in chosen]
+
+
+BUILTIN = {s.name: s for s in (RoundRobin, LeastQueue, PowerOfTwo, Hybrid)}
+FALLBACK = PowerOfTwo.name
+"""What a decision falls back to when the chosen strategy is unknown, too slow or fails."""
+
+
+def default_registry(plugins: bool = True) -> Registry:
+    reg = Registry()
+    for name, cls in BUILTIN.items():
+        reg.register(name, cls)
+    if plugins:
+        reg.load_plugins()
+    return reg

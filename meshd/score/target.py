@@ -1,0 +1,225 @@
+"""Targets: the replicas a request for a model may go to, and what one costs.
+
+A :class:`Target` is built from the fused view when that changes (telemetry, flags, policy)
+and kept between requests, so scoring one request is arithmetic on a handful of floats per
+target, not a walk over the mesh.  What varies per request (this agent's own in-flight count,
+the payload's work units, the age of the queue figure) is applied in :meth:`Target.predict`.
+
+Predicted seconds follow the Citadel design's seconds-of-work:
+
+    queue   = backlog * units_per_request * spu / instances
+    service = units * spu
+    predicted = rtt + (queue + service) * correction
+
+``backlog`` is the larger of what the runtime last reported (queued + executing) and what
+this agent has in flight there (fresher, but only its own share).  A single request runs on
+one instance, so only the backlog is divided by ``instances``.  ``correction`` is the
+EWMA of observed / predicted latency for this target: telemetry gives the shape, outcomes
+correct its scale (a replica slower than its statistics say, a network hop the coordinates
+miss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.model import ReplicaState
+from meshd.fused import FusedState
+from meshd.score.config import ScoreConfig
+from meshd.score.latency import LatencyWindow
+from meshd.score.limiter import AdaptiveLimit
+from meshd.signal_wire import NodeSignals
+
+EXCLUDING_FLAGS = frozenset({"cordoned", "draining", "quarantined"})
+"""Node flags that take a node's replicas out of routing."""
+
+
+@dataclass(slots=True)
+class TargetStats:
+    """What this agent learned of one replica from its own requests; survives rebuilds."""
+
+    limit: AdaptiveLimit
+    latency: LatencyWindow = field(default_factory=LatencyWindow)
+    correction: float = 1.0
+    units_per_request: float = 1.0
+    """EWMA of the work units of requests sent here (converts a backlog count to work)."""
+    failures: int = 0
+    outcomes: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Target:
+    """One replica as the scorer sees it.  The ``p_*`` fields are this request's prediction,
+    filled in by :meth:`predict` just before a strategy ranks the targets."""
+
+    key: str
+    node: str
+    endpoint: str
+    model: str
+    version: str
+    zone: str
+    local: bool
+    rtt: float
+    spu: float
+    instances: int
+    backlog: int
+    queue_at: float
+    """When the runtime measured ``backlog`` (this agent's clock); 0 when never."""
+    gpu_headroom: float | None
+    """The smallest free share of GPU memory on the target's node; None without GPUs."""
+    stats: TargetStats
+    p_backlog: int = 0
+    p_queue: float = 0.0
+    p_service: float = 0.0
+    p_seconds: float = 0.0
+
+    def predict(self, units: int, own_only: bool = False) -> float:
+        """Fill in and return this request's predicted seconds."""
+        predict_all((self,), units, own_only)
+        return self.p_seconds
+
+
+def predict_all(targets: Iterable[Target], units: int, own_only: bool = False) -> None:
+    """Fill in each target's prediction for a request of ``units``; ``own_only`` ignores the
+    runtimes' backlog figures (too old to mean anything).  One loop for all targets: this is
+    the scoring path's inner loop, so it avoids a call per target."""
+    for t in targets:
+        stats = t.stats
+        inflight = stats.limit.inflight
+        backlog = t.backlog
+        if own_only or backlog < inflight:
+            backlog = inflight
+        spu = t.spu * stats.correction
+        queue = backlog * stats.units_per_request * spu / t.instances
+        service = units * spu
+        t.p_backlog = backlog
+        t.p_queue = queue
+        t.p_service = service
+        t.p_seconds = t.rtt + queue + service
+
+
+@dataclass(slots=True)
+class ModelTargets:
+    """A model's targets at one generation of the fused view."""
+
+    generation: tuple[int, int]
+    built: float
+    eligible: list[Target]
+    """Targets routing may use, before the per-request staleness and exclusion checks."""
+    spu_prior: float
+
+
+class TargetTable:
+    """Builds and caches each model's targets from the fused view.
+
+    ``rtt_of(node)`` is the estimated round trip to a node (None: unknown), ``zone_of(node)``
+    its zone, ``pin_of(model, version)`` the ModelPin spec in force (or None) and
+    ``policy_version()`` moves whenever policy (flags, pins) may have changed.
+    """
+
+    def __init__(self, fused: FusedState, config: ScoreConfig, *,
+                 rtt_of: Callable[[str], float | None], zone_of: Callable[[str], str],
+                 pin_of: Callable[[str, str], dict[str, Any] | None],
+                 policy_version: Callable[[], int],
+                 new_stats: Callable[[], TargetStats]) -> None:
+        self.fused = fused
+        self.config = config
+        self.rtt_of = rtt_of
+        self.zone_of = zone_of
+        self.pin_of = pin_of
+        self.policy_version = policy_version
+        self.new_stats = new_stats
+        self.stats: dict[str, TargetStats] = {}
+        self._models: dict[str, ModelTargets] = {}
+        self.builds = 0
+
+    def targets(self, model: str, now: float) -> ModelTargets:
+        gen = (self.fused.generation, self.policy_version())
+        cached = self._models.get(model)
+        if (cached is not None and cached.generation == gen
+                and now - cached.built < self.config.table_refresh):
+            return cached
+        built = self._build(model, gen, now)
+        self._models[model] = built
+        return built
+
+    def stats_for(self, key: str) -> TargetStats:
+        st = self.stats.get(key)
+        if st is None:
+            st = self.stats[key] = self.new_stats()
+        return st
+
+    def _build(self, model: str, gen: tuple[int, int], now: float) -> ModelTargets:
+        self.builds += 1
+        eligible: list[Target] = []
+        spus: list[float] = []
+        flags_cache: dict[str, bool] = {}
+        for node, entry in self.fused.nodes.items():
+            sig = entry.signals
+            if not any(r.model == model for r in sig.replicas):
+                continue
+            excluded = flags_cache.get(node)
+            if excluded is None:
+                excluded = flags_cache[node] = bool(
+                    EXCLUDING_FLAGS.intersection(self.fused.flags_of(node)))
+            if excluded:
+                continue
+            for rep in sig.replicas:
+                if rep.model != model or not rep.ready:
+                    continue
+                spu = _spu_of(rep)
+                if spu is not None:
+                    spus.append(spu)
+                if not self._pinned_here(rep, node, sig):
+                    continue
+                eligible.append(self._target(node, rep, sig, spu))
+        spus.sort()
+        prior = spus[len(spus) // 2] if spus else self.config.default_spu
+        for t in eligible:
+            if t.spu <= 0:
+                t.spu = prior
+        return ModelTargets(gen, now, eligible, prior)
+
+    def _target(self, node: str, rep: ReplicaState, sig: NodeSignals,
+                spu: float | None) -> Target:
+        local = node == self.fused.node
+        rtt = 0.0 if local else (self.rtt_of(node) or 0.0)
+        backlog = (rep.queue or 0) + (rep.inflight or 0)
+        return Target(key=rep.key, node=node, endpoint=rep.endpoint, model=rep.model,
+                      version=rep.version, zone=self.zone_of(node), local=local, rtt=rtt,
+                      spu=spu or 0.0, instances=max(1, rep.instances), backlog=backlog,
+                      queue_at=rep.at.get("queue", 0.0), gpu_headroom=_headroom(sig),
+                      stats=self.stats_for(rep.key))
+
+    def _pinned_here(self, rep: ReplicaState, node: str, sig: NodeSignals) -> bool:
+        pin = self.pin_of(rep.model, rep.version)
+        if pin is None:
+            return True
+        if pin["nodes"] and node not in pin["nodes"]:
+            return False
+        if pin["zones"] and self.zone_of(node) not in pin["zones"]:
+            return False
+        if pin["gpu_types"] and not any(g.name in pin["gpu_types"] for g in sig.gpus):
+            return False
+        need = pin["min_free_vram_mb"] * 1024 * 1024
+        return not need or any(g.memory_free >= need for g in sig.gpus)
+
+
+def _spu_of(rep: ReplicaState) -> float | None:
+    """Seconds per work unit, from the best figure the runtime gives."""
+    for value in (rep.spu, rep.compute_seconds, rep.latency_ewma):
+        if value is not None and value > 0:
+            return value
+    return None
+
+
+def _headroom(sig: NodeSignals) -> float | None:
+    shares = [g.memory_free / g.memory_total for g in sig.gpus if g.memory_total > 0]
+    return min(shares) if shares else None
+
+
+def fresh(targets: Iterable[Target], now: float, stale_after: float) -> list[Target]:
+    """Targets whose queue figure is younger than ``stale_after``."""
+    return [t for t in targets if t.queue_at > 0 and now - t.queue_at <= stale_after]

@@ -1,0 +1,179 @@
+"""The Score gRPC service (``mesh.v1.Score``): the scorer for routers in other processes.
+
+Served on loopback (or a Unix socket) in plaintext, since only processes on the host can
+reach it and the call must be cheap; on any other address only with mTLS, client
+certificates required (a remote router is a mesh node with an identity of its own).
+
+Every field is checked before it reaches the scorer: a bad request gets INVALID_ARGUMENT
+naming the field, and nothing is half-applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from meshd.score.scorer import Choice, ScoreError, Scorer, ScoreRequest, Status
+from proto.mesh.v1 import score_pb2, score_pb2_grpc
+
+MAX_TEXT = 256
+MAX_EXCLUDE = 64
+MAX_PAYLOAD = 1 << 40
+WATCH_POLL = 0.1
+"""Seconds between looks at a watched model's weights."""
+WATCH_REFRESH = 5.0
+"""Seconds after which weights are sent again even if unchanged (a liveness signal)."""
+WATCH_CHANGE = 0.05
+"""A weight moving by more than this (absolute share) is worth a push."""
+
+
+class FieldError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+
+
+def _text(value: str, field: str, required: bool = False) -> str:
+    if (required and not value) or len(value) > MAX_TEXT or not value.isprintable():
+        raise FieldError(field, f"must be {'1' if required else '0'}-{MAX_TEXT} printable "
+                                "characters")
+    return value
+
+
+def _seconds(value: float, field: str) -> float:
+    if not math.isfinite(value) or value < 0 or value > 86400:
+        raise FieldError(field, "must be a number of seconds in [0, 86400]")
+    return value
+
+
+def score_request(msg: score_pb2.ScoreRequest) -> ScoreRequest:
+    """The scorer's request for a wire one (FieldError names a bad field)."""
+    if len(msg.exclude) > MAX_EXCLUDE:
+        raise FieldError("exclude", f"at most {MAX_EXCLUDE} entries")
+    if msg.payload_bytes > MAX_PAYLOAD:
+        raise FieldError("payload_bytes", f"must be at most {MAX_PAYLOAD}")
+    return ScoreRequest(model=_text(msg.model, "model", required=True),
+                        revision=_text(msg.revision, "revision"),
+                        payload_bytes=msg.payload_bytes, tenant=_text(msg.tenant, "tenant"),
+                        slo_class=_text(msg.slo_class, "slo_class"),
+                        deadline=_seconds(msg.deadline_seconds, "deadline_seconds"),
+                        exclude=frozenset(_text(e, "exclude") for e in msg.exclude),
+                        idempotent=msg.idempotent)
+
+
+def target_pb(c: Choice) -> score_pb2.Target:
+    return score_pb2.Target(node=c.node, endpoint=c.endpoint, replica=c.replica,
+                            version=c.version, predicted_seconds=c.predicted,
+                            rtt_seconds=c.rtt, queue_seconds=c.queue,
+                            service_seconds=c.service, zone=c.zone)
+
+
+class ScoreService(score_pb2_grpc.ScoreServicer):
+    def __init__(self, scorer: Scorer, clock: Callable[[], float]) -> None:
+        self.scorer = scorer
+        self.clock = clock
+
+    async def ScoreTargets(self, request: score_pb2.ScoreRequest,
+                           context: grpc.aio.ServicerContext) -> score_pb2.ScoreReply:
+        try:
+            scored = self.scorer.score(score_request(request), self.clock())
+        except (FieldError, ScoreError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        v = scored.verdict
+        return score_pb2.ScoreReply(
+            targets=[target_pb(c) for c in scored.targets],
+            verdict=score_pb2.Verdict(admit=v.admit, reason=v.reason,
+                                      retry_after_seconds=v.retry_after),
+            hedge_after_seconds=scored.hedge_after, decision_id=scored.decision_id,
+            strategy=scored.strategy, degraded=scored.degraded)
+
+    async def ReportOutcome(self, request: score_pb2.OutcomeReport,
+                            context: grpc.aio.ServicerContext) -> score_pb2.OutcomeAck:
+        try:
+            status = Status(request.status)
+            replica = _text(request.replica, "replica")
+            latency = _seconds(request.latency_seconds, "latency_seconds")
+        except ValueError as exc:
+            msg = str(exc) if isinstance(exc, FieldError) else (
+                f"status: unknown outcome status {request.status}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, msg)
+        known = self.scorer.report(request.decision_id, replica, latency, status, self.clock(),
+                                   hedge=request.hedge, last=request.last)
+        return score_pb2.OutcomeAck(known=known)
+
+    async def Admit(self, request: score_pb2.AdmitRequest,
+                    context: grpc.aio.ServicerContext) -> score_pb2.AdmitReply:
+        try:
+            if request.payload_bytes > MAX_PAYLOAD:
+                raise FieldError("payload_bytes", f"must be at most {MAX_PAYLOAD}")
+            verdict, did = self.scorer.admit(
+                _text(request.model, "model", required=True), self.clock(),
+                revision=_text(request.revision, "revision"),
+                payload_bytes=request.payload_bytes, tenant=_text(request.tenant, "tenant"),
+                slo_class=_text(request.slo_class, "slo_class"))
+        except (FieldError, ScoreError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return score_pb2.AdmitReply(
+            verdict=score_pb2.Verdict(admit=verdict.admit, reason=verdict.reason,
+                                      retry_after_seconds=verdict.retry_after),
+            decision_id=did)
+
+    async def WatchTargets(self, request: score_pb2.WatchRequest,
+                           context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[score_pb2.TargetWeights]:
+        try:
+            model = _text(request.model, "model", required=True)
+            revision = _text(request.revision, "revision")
+        except FieldError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        sent: dict[str, float] | None = None
+        sent_at = 0.0
+        while True:
+            now = self.clock()
+            weights, degraded = self.scorer.weights(model, revision, now)
+            current = {c.replica: w for c, w in weights}
+            if sent is None or now - sent_at >= WATCH_REFRESH or changed(sent, current):
+                yield score_pb2.TargetWeights(model=model, degraded=degraded, targets=[
+                    score_pb2.WeightedTarget(target=target_pb(c), weight=w)
+                    for c, w in weights])
+                sent, sent_at = current, now
+            await asyncio.sleep(WATCH_POLL)
+
+
+def changed(old: dict[str, float], new: dict[str, float]) -> bool:
+    if old.keys() != new.keys():
+        return True
+    return any(abs(new[k] - w) > WATCH_CHANGE for k, w in old.items())
+
+
+async def serve(scorer: Scorer, clock: Callable[[], float], addr: tuple[str, int] | str,
+                identity: Callable[[], object]) -> tuple[grpc.aio.Server, str]:
+    """Start the Score service on ``addr`` (``(host, port)`` or a Unix socket path); returns
+    the server and the address it is bound to.  Plaintext only on loopback or a Unix socket,
+    else mTLS presenting ``identity()`` and requiring a mesh client certificate."""
+    from certs import tls
+    from meshd.settings import is_loopback
+
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    score_pb2_grpc.add_ScoreServicer_to_server(ScoreService(scorer, clock), server)
+    if isinstance(addr, str):
+        target = f"unix:{addr}"
+        bound = server.add_insecure_port(target)
+        where = target
+    else:
+        host, port = addr
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            if is_loopback(host):
+                bound = server.add_insecure_port(target)
+            else:
+                bound = server.add_secure_port(target, tls.grpc_server_credentials(identity))
+        except RuntimeError:  # grpcio raises instead of returning 0 on a bind failure
+            bound = 0
+        where = f"{host}:{bound}"
+    if bound == 0:
+        raise OSError(f"cannot bind the score API on {target} (address in use?)")
+    await server.start()
+    return server, where

@@ -1,0 +1,163 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OutcomeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_OK: _ClassVar[OutcomeStatus]
+    OUTCOME_ERROR: _ClassVar[OutcomeStatus]
+    OUTCOME_UNAVAILABLE: _ClassVar[OutcomeStatus]
+    OUTCOME_TIMEOUT: _ClassVar[OutcomeStatus]
+    OUTCOME_CANCELLED: _ClassVar[OutcomeStatus]
+    OUTCOME_OVERLOADED: _ClassVar[OutcomeStatus]
+OUTCOME_OK: OutcomeStatus
+OUTCOME_ERROR: OutcomeStatus
+OUTCOME_UNAVAILABLE: OutcomeStatus
+OUTCOME_TIMEOUT: OutcomeStatus
+OUTCOME_CANCELLED: OutcomeStatus
+OUTCOME_OVERLOADED: OutcomeStatus
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("model", "revision", "payload_bytes", "tenant", "slo_class", "deadline_seconds", "exclude", "idempotent")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SLO_CLASS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    revision: str
+    payload_bytes: int
+    tenant: str
+    slo_class: str
+    deadline_seconds: float
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    idempotent: bool
+    def __init__(self, model: _Optional[str] = ..., revision: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., deadline_seconds: _Optional[float] = ..., exclude: _Optional[_Iterable[str]] = ..., idempotent: _Optional[bool] = ...) -> None: ...
+
+class Target(_message.Message):
+    __slots__ = ("node", "endpoint", "replica", "version", "predicted_seconds", "rtt_seconds", "queue_seconds", "service_seconds", "zone")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RTT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    endpoint: str
+    replica: str
+    version: str
+    predicted_seconds: float
+    rtt_seconds: float
+    queue_seconds: float
+    service_seconds: float
+    zone: str
+    def __init__(self, node: _Optional[str] = ..., endpoint: _Optional[str] = ..., replica: _Optional[str] = ..., version: _Optional[str] = ..., predicted_seconds: _Optional[float] = ..., rtt_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., service_seconds: _Optional[float] = ..., zone: _Optional[str] = ...) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("admit", "reason", "retry_after_seconds")
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    admit: bool
+    reason: str
+    retry_after_seconds: float
+    def __init__(self, admit: _Optional[bool] = ..., reason: _Optional[str] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
+
+class ScoreReply(_message.Message):
+    __slots__ = ("targets", "verdict", "hedge_after_seconds", "decision_id", "strategy", "degraded")
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedCompositeFieldContainer[Target]
+    verdict: Verdict
+    hedge_after_seconds: float
+    decision_id: int
+    strategy: str
+    degraded: bool
+    def __init__(self, targets: _Optional[_Iterable[_Union[Target, _Mapping]]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., hedge_after_seconds: _Optional[float] = ..., decision_id: _Optional[int] = ..., strategy: _Optional[str] = ..., degraded: _Optional[bool] = ...) -> None: ...
+
+class OutcomeReport(_message.Message):
+    __slots__ = ("decision_id", "replica", "latency_seconds", "status", "bytes", "hedge", "last")
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    decision_id: int
+    replica: str
+    latency_seconds: float
+    status: OutcomeStatus
+    bytes: int
+    hedge: bool
+    last: bool
+    def __init__(self, decision_id: _Optional[int] = ..., replica: _Optional[str] = ..., latency_seconds: _Optional[float] = ..., status: _Optional[_Union[OutcomeStatus, str]] = ..., bytes: _Optional[int] = ..., hedge: _Optional[bool] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class OutcomeAck(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("model", "revision", "payload_bytes", "tenant", "slo_class")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SLO_CLASS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    revision: str
+    payload_bytes: int
+    tenant: str
+    slo_class: str
+    def __init__(self, model: _Optional[str] = ..., revision: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ...) -> None: ...
+
+class AdmitReply(_message.Message):
+    __slots__ = ("verdict", "decision_id")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    verdict: Verdict
+    decision_id: int
+    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., decision_id: _Optional[int] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("model", "revision")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    revision: str
+    def __init__(self, model: _Optional[str] = ..., revision: _Optional[str] = ...) -> None: ...
+
+class WeightedTarget(_message.Message):
+    __slots__ = ("target", "weight")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    weight: float
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class TargetWeights(_message.Message):
+    __slots__ = ("model", "targets", "degraded")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    targets: _containers.RepeatedCompositeFieldContainer[WeightedTarget]
+    degraded: bool
+    def __init__(self, model: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[WeightedTarget, _Mapping]]] = ..., degraded: _Optional[bool] = ...) -> None: ...
