@@ -32,6 +32,7 @@ from meshd.authz import Authorizer
 from meshd.control import RAFT_SECTION, ControlPlane
 from meshd.coordinates import CoordinatePlane
 from meshd.metrics import AgentMetrics
+from meshd.metrics_routing import RoutingCollector
 from meshd.quarantine import AutoQuarantine
 from meshd.rbac import KeyLoadError, PolicyError
 from meshd.router import server as router_server
@@ -285,7 +286,8 @@ class Agent:
         sec.build_authority(name_in_use=lambda n: n != swim.name and (
             (m := swim.member(n)) is not None and m.live))
         self.metrics = AgentMetrics(swim, self.coordinates, sec, self.control,
-                                    self.signals, self.health)
+                                    self.signals, self.health,
+                                    RoutingCollector(s.node, self.scorer, lambda: self.router))
         transport.on_rtts = self.metrics.observe_rtts
         transport.attach(swim)
         self._data.save(swim.incarnation, list(saved.get("peers", []) or []))  # type: ignore[call-overload]

@@ -389,8 +389,11 @@ class AgentMetrics:
     def __init__(self, swim: Swim, coordinates: CoordinatePlane, security: Security,
                  control: ControlPlane | None = None,
                  signals: SignalPlane | None = None,
-                 health: AutoQuarantine | None = None) -> None:
+                 health: AutoQuarantine | None = None,
+                 routing: Collector | None = None) -> None:
         self.registry = CollectorRegistry()
+        if routing is not None:
+            self.registry.register(routing)
         if signals is not None:
             self.registry.register(SignalCollector(swim.name, signals))
         if health is not None:

@@ -363,3 +363,42 @@ def test_outside_dev_clients_need_a_certificate_or_a_token(tmp_path: Any) -> Non
             run(srv.stop(0))
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+
+
+def test_the_client_library_calls_the_chosen_triton_directly(
+        two: tuple[RouterHarness, list[TritonServer]]) -> None:
+    """meshd.client asks the agent's score API and calls Triton itself: same outputs as
+    direct, traffic away from a slow replica, failover when one dies - in both modes."""
+    from meshd import score_api
+    from meshd.client import MeshClient
+    h, servers = two
+    server, where = h.call(score_api.serve(h.scorer, h.loop.time, ("127.0.0.1", 0),
+                                           lambda: None))
+    try:
+        servers[1].set_behaviour("delay", delay_ms=25)
+        for mode in ("watch", "score"):
+            client = MeshClient(where, mode=mode)
+            try:
+                a = np.arange(4, dtype=np.float32).reshape(1, 4)
+                got = client.infer("add_sub", add_sub_inputs(a, a, tc))
+                np.testing.assert_array_equal(got.as_numpy("OUTPUT0"), a + a)
+                before = [served(s) for s in servers]
+                inp = tc.InferInput("PAYLOAD", [16], "FP32")
+                inp.set_data_from_numpy(np.zeros(16, dtype=np.float32))
+                for _ in range(60):
+                    client.infer("delay", [inp])
+                fast, slow = (served(s) - b for s, b in zip(servers, before, strict=True))
+                assert fast + slow >= 60 and slow < 20, (mode, fast, slow)
+            finally:
+                client.close()
+        servers[0].kill()
+        client = MeshClient(where, mode="watch")
+        try:
+            inp = tc.InferInput("PAYLOAD", [16], "FP32")
+            inp.set_data_from_numpy(np.zeros(16, dtype=np.float32))
+            for _ in range(10):
+                assert int(client.infer("delay", [inp]).as_numpy("NBYTES")[0]) == 64
+        finally:
+            client.close()
+    finally:
+        h.call(server.stop(0))

@@ -551,3 +551,33 @@ def test_slots_always_balance(ops: list[tuple[str, int, float]]) -> None:
     assert sum(t.limit.inflight for t in s.table.stats.values()) == 0
     assert s.tenants.state("t", now).inflight == 0
     assert all(ob.inflight == 0 for ob in s.fused.observed.values())
+
+
+def test_metrics_expose_decisions_sheds_fallbacks_and_shadow() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from meshd.metrics_routing import RoutingCollector
+    mesh = Mesh()
+    mesh.node("a", rep("a:1", spu=0.001))
+    mesh.node("b", rep("b:1", spu=0.004))
+    mesh.put("RoutingPolicy", "m", {"strategy": "nope", "shadow": "least_queue"})
+    mesh.put("TenantQuota", "t", {"concurrency": 1})
+    s = mesh.scorer()
+    for _ in range(3):
+        s.score(ScoreRequest("m", tenant="t"), NOW)
+    reg = CollectorRegistry()
+    reg.register(RoutingCollector("r", s))
+    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
+               for fam in text_string_to_metric_families(generate_latest(reg).decode())
+               for x in fam.samples}
+    assert samples[("meshd_score_decisions_total", (("node", "r"), ("strategy", "p2c")))] == 3
+    assert samples[("meshd_score_strategy_fallbacks_total",
+                    (("node", "r"), ("why", "unknown")))] == 3
+    assert samples[("meshd_score_shed_total",
+                    (("node", "r"), ("reason", "tenant_concurrency")))] == 2
+    assert samples[("meshd_score_open_decisions", (("node", "r"),))] == 1
+    assert samples[("meshd_score_shadow_compared_total", (
+        ("active", "nope"), ("candidate", "least_queue"), ("model", "m"), ("node", "r")))] == 3
+    assert ("meshd_score_decision_seconds_count", (("node", "r"), ("strategy", "nope"))) \
+        not in samples  # an unknown strategy never ran

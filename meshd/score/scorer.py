@@ -447,7 +447,8 @@ class Scorer:
     def report(self, decision_id: int, replica: str, latency: float, status: Status,
                now: float, *, hedge: bool = False, last: bool = True) -> bool:
         """A request sent on a decision's advice ended at ``replica``.  False when the
-        decision is unknown (expired): the target still learns from the outcome."""
+        decision is unknown (expired, or 0 for a request routed on WatchTargets weights): the
+        target still learns from the outcome."""
         ok = status == Status.OK
         if not math.isfinite(latency) or latency < 0:
             latency = math.nan
@@ -467,21 +468,25 @@ class Scorer:
                     self.fused.observe_end(replica)
             else:
                 self.fused.observe_outcome(replica, latency, ok, now, started=started)
+        pred = d.predicted.get(replica) if d is not None else None
+        if pred is None and stats is not None and ok:
+            target = self.table.by_key.get(replica)
+            if target is not None:
+                pred = target.work(stats.units_per_request)
+        if stats is not None and ok and latency == latency and pred is not None and pred[1] > 0:
+            ratio = max(0.0, latency - pred[0]) / pred[1]
+            lo, hi = self.config.correction_bounds
+            ratio = min(hi, max(lo, ratio))
+            stats.correction += self.config.correction_weight * (ratio - stats.correction)
         if d is None:
-            counters.unknown_outcomes += 1
+            if decision_id:  # 0: a client balancing on WatchTargets weights, no decision
+                counters.unknown_outcomes += 1
             return False
         if hedge:
             counters.hedges_sent += 1
             ms = self._models.get(d.model)
             if ms is not None:
                 ms.budget.charge()
-        if stats is not None and ok and latency == latency:
-            pred = d.predicted.get(replica)
-            if pred is not None and pred[1] > 0:
-                ratio = max(0.0, latency - pred[0]) / pred[1]
-                lo, hi = self.config.correction_bounds
-                ratio = min(hi, max(lo, ratio))
-                stats.correction += self.config.correction_weight * (ratio - stats.correction)
         if d.first_open and replica == d.first_key and d.first is not None:
             d.first_open = False
             if status == Status.CANCELLED or latency != latency:

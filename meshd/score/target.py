@@ -75,6 +75,14 @@ class Target:
     p_service: float = 0.0
     p_seconds: float = 0.0
 
+    def work(self, units: float) -> tuple[float, float]:
+        """(rtt, uncorrected queue + service seconds) of a request of ``units`` now: what an
+        outcome reported without a decision (a client balancing on weights) is compared
+        with."""
+        stats = self.stats
+        backlog = max(self.backlog, stats.limit.inflight)
+        return self.rtt, (backlog * stats.units_per_request / self.instances + units) * self.spu
+
     def predict(self, units: int, own_only: bool = False) -> float:
         """Fill in and return this request's predicted seconds."""
         predict_all((self,), units, own_only)
@@ -132,6 +140,8 @@ class TargetTable:
         self.policy_version = policy_version
         self.new_stats = new_stats
         self.stats: dict[str, TargetStats] = {}
+        self.by_key: dict[str, Target] = {}
+        """Each replica's target as last built (for outcomes reported without a decision)."""
         self._models: dict[str, ModelTargets] = {}
         self.builds = 0
 
@@ -180,6 +190,9 @@ class TargetTable:
         for t in eligible:
             if t.spu <= 0:
                 t.spu = prior
+            self.by_key[t.key] = t
+        if len(self.by_key) > 4 * len(self.stats) + 1024:
+            self.by_key = {k: t for k, t in self.by_key.items() if k in self.stats}
         return ModelTargets(gen, now, eligible, prior)
 
     def _target(self, node: str, rep: ReplicaState, sig: NodeSignals,
