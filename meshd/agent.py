@@ -317,7 +317,7 @@ class Agent:
                 self._router, self.router, router_where = await router_server.serve(
                     self.scorer, loop.time, s.router_addr(), dev=s.dev,
                     identity=lambda: sec.identity, tokens_file=s.router_tokens,
-                    node=s.node, reuse_port=s.router_workers > 1, verifier=sec.verifier)
+                    node=s.node, verifier=sec.verifier)
         except (OSError, TokenFileError) as exc:
             log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
             await self._shutdown(leave=False)

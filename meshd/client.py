@@ -174,7 +174,8 @@ class MeshClient:
         assert last is not None
         raise last
 
-    def _report(self, decision: int, replica: str, latency: float, status: int,
+    def _report(self, decision: int, replica: str, latency: float,
+                status: score_pb2.OutcomeStatus,
                 last: bool) -> None:
         """Fire and forget: the caller never waits for the agent."""
         self._stub.ReportOutcome.future(score_pb2.OutcomeReport(

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,7 @@ import grpc
 from certs import tls, tokens
 from certs.ca import CertificateAuthority
 from certs.identity import Identity
-from meshd import devtriton
+from meshd import devtraffic, devtriton
 from meshd.ctl import format_members_table
 from meshd.security import DEV_TRUST_DOMAIN
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
@@ -57,6 +58,11 @@ def node_addrs(i: int, per_ip: bool) -> tuple[str, str, str]:
 def score_addr(i: int, per_ip: bool) -> str:
     """Score API address of node ``i`` (loopback: plaintext)."""
     return f"127.0.0.{i}:7961" if per_ip else f"127.0.0.1:{7300 + i}"
+
+
+def router_addr(i: int, per_ip: bool) -> str:
+    """Router ingress of node ``i`` (served when it has the router role)."""
+    return f"127.0.0.{i}:9000" if per_ip else f"127.0.0.1:{9500 + i}"
 
 
 def raft_addr(i: int, per_ip: bool) -> str:
@@ -135,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(default 2; 0 = none)")
     p.add_argument("--profile", default="lan", choices=["lan", "wan", "local"])
     p.add_argument("--interval", type=float, default=3.0, help="seconds between member tables")
+    p.add_argument("--requests", type=int, default=200,
+                   help="requests sent through the router each traffic round (0: none)")
     p.add_argument("--duration", type=float, default=0.0,
                    help="stop after this many seconds (default: run until Ctrl-C)")
     args = p.parse_args(argv)
@@ -209,6 +217,7 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
         gossip, admin, metrics = node_addrs(i, per_ip)
         cmd = [sys.executable, "-m", "meshd.cli", "--node", f"node{i}", "--bind", gossip,
                "--admin", admin, "--score", score_addr(i, per_ip), "--metrics", metrics,
+               "--router", router_addr(i, per_ip),
                "--profile", args.profile,
                "--role", roles[(i - 1) % len(roles)], "--zone", f"zone-{'ab'[i % 2]}",
                "--region", "dev", "--data-dir", str(workdir / f"node{i}")]
@@ -249,6 +258,14 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
               f"--delay-ms 200        # {tritons[0].name}'s delay model gets slow "
               f"(no --delay-ms: normal again)", flush=True)
     reported: set[str] = set()
+    router_nodes = [i for i in range(1, args.nodes + 1) if roles[(i - 1) % len(roles)] == "router"]
+    traffic_stop = threading.Event()
+    if tritons and router_nodes and args.requests > 0:
+        router = router_addr(router_nodes[0], per_ip)
+        print(f"     router: tritonclient at {router} (mTLS with {creds}); traffic rounds "
+              f"of {args.requests} requests show where they went", flush=True)
+        threading.Thread(target=_traffic, args=(router, creds, tritons, args, traffic_stop),
+                         daemon=True).start()
     with tls.grpc_channel(admin_addr, Identity.load(creds)) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)
         while not stop["now"]:
@@ -277,7 +294,22 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
                 print(f"\n[{time.strftime('%H:%M:%S')}] {alive}/{len(resp.members)} alive "
                       f"(as seen by node1; Ctrl-C stops the mesh)", flush=True)
                 print(format_members_table(resp), flush=True)
+    traffic_stop.set()
     return 0
+
+
+def _traffic(router: str, creds: Path, tritons: list[devtriton.TritonServer],
+             args: argparse.Namespace, stop: threading.Event) -> None:
+    """Rounds of tritonclient requests through the router, each followed by where they went
+    (read from the Triton servers' own statistics)."""
+    client = devtraffic.router_client(router, creds, DEV_TRUST_DOMAIN)
+    if not devtraffic.wait_ready(client, 90, stop):
+        if not stop.is_set():
+            _say(f"traffic: the router at {router} never had both models ready")
+        return
+    while not stop.is_set():
+        _say(devtraffic.round_of(client, tritons, args.requests, 4))
+        stop.wait(max(args.interval, 5.0))
 
 
 if __name__ == "__main__":

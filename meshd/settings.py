@@ -116,8 +116,6 @@ class Settings:
     router_tokens: str = ""
     """File of per-tenant bearer tokens for router clients (``tenant token-sha256`` lines);
     without it (and outside ``--dev``) clients must present a mesh client certificate."""
-    router_workers: int = 1
-    """Router worker processes sharing the ingress port (SO_REUSEPORT)."""
 
     # --- derived ---------------------------------------------------------------------------
 
@@ -192,8 +190,6 @@ class Settings:
         self.metrics_addr()
         self.score_addr()
         self.router_addr()
-        if not 1 <= self.router_workers <= 64:
-            raise SettingsError("router_workers: must be 1..64")
         if not 10.0 <= self.cert_lifetime <= 30 * 86400.0:
             raise SettingsError("cert_lifetime: must be 10 s .. 30 days")
         if (self.jwt_jwks or self.jwt_key) and not self.jwt_issuer:
@@ -271,7 +267,7 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
 
 _LISTS = {"join", "roles", "subscribe"}
 _BOOLS = {"retry_join", "dev"}
-_INTS = {"retry_max", "bootstrap_expect", "router_workers"}
+_INTS = {"retry_max", "bootstrap_expect"}
 _FLOATS = {"retry_interval", "cert_lifetime", "queue_interval", "stats_interval"}
 
 
@@ -350,7 +346,6 @@ def build_parser() -> argparse.ArgumentParser:
       help="score API address (default 127.0.0.1:7961; mTLS unless loopback or unix)")
     a("--router", metavar="ADDR:PORT", help="router ingress, KServe v2 gRPC (default port 9000)")
     a("--router-tokens", metavar="FILE", help="per-tenant bearer tokens for router clients")
-    a("--router-workers", type=int, metavar="N", help="router worker processes (default 1)")
     return p
 
 
