@@ -79,6 +79,10 @@ class Schemas:
         self._cache: dict[tuple[str, str], tuple[float, ModelSchema]] = {}
         self._config = service_pb2.ModelConfigRequest
 
+    def cached(self, model: str, version: str, now: float) -> ModelSchema | None:
+        hit = self._cache.get((model, version))
+        return hit[1] if hit is not None and now - hit[0] < SCHEMA_TTL else None
+
     async def get(self, model: str, version: str, endpoints: list[str],
                   now: float) -> ModelSchema | None:
         hit = self._cache.get((model, version))
@@ -225,6 +229,9 @@ class KServeRouter:
     async def _schema(self, model: str, version: str, now: float) -> ModelSchema | None:
         if not model:
             return None
+        schema = self.schemas.cached(model, version, now)
+        if schema is not None:
+            return schema
         weights, _ = self.scorer.weights(model, version, now)
         endpoints = [c.endpoint for c, _ in sorted(weights, key=lambda x: -x[1])][:3]
         return await self.schemas.get(model, version, endpoints, now)
