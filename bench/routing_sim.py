@@ -57,10 +57,12 @@ and the same seed gives the same numbers.  The scorer's strategy-budget timer is
 
 Prints one table, writes ``--out`` (JSON) and the same name with ``.md`` (the table and a few
 findings).  ``--quick`` runs small sizes and writes nothing unless ``--out`` is given.
-Runs (one per strategy x load x staleness) go to ``--jobs`` processes.  Cost is dominated by
-the scorer (about 60-280 us per request at 128-512 replicas on a 2-core Xeon), so the
-defaults are scaled down (128 replicas, 8 routers: the same 16 replicas per router as 256/16,
-10 simulated seconds; about 2-3 minutes); the full-size run above takes most of an hour.
+Runs (one per strategy x load x staleness) go to ``--jobs`` processes.  The scorer is nearly
+all the cost (60-90 us per request at 128 replicas, 160-280 us at 512, on a 2-core Xeon), and
+requests grow with the fleet, so cost grows with replicas squared: the defaults are scaled
+down to 128 replicas, 8 routers (16 replicas per router; 512/16 has 32) and 10 simulated
+seconds, about 4 minutes in 2 processes.  The full-size command above takes about 50 minutes;
+``--loads 0.8 --staleness 0.1,2 --duration 3`` at 512/16 about 5.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ sys.path.insert(0, str(ROOT))
 from adapters.model import ReplicaState  # noqa: E402
 from bench.table import format_table, loadavg, machine_info  # noqa: E402
 from meshd.fused import FusedState  # noqa: E402
+from meshd.score.limiter import LimiterConfig  # noqa: E402
 from meshd.score.scorer import Scorer, ScoreRequest, Status  # noqa: E402
 from meshd.signal_wire import NodeSignals  # noqa: E402
 from policy.model import validate  # noqa: E402
@@ -128,6 +131,10 @@ class SimConfig:
     delay_frac: float = 0.5
     spu_noise: float = 0.1
     hedge: bool = True
+    model_limit: bool = True
+    """False: the scorer's model-wide adaptive limit never binds (``--no-model-limit``)."""
+    target_limit: bool = True
+    """False: the per-target adaptive limits never bind (``--no-target-limit``)."""
 
 
 @dataclass(slots=True)
@@ -167,7 +174,8 @@ def build_fleet(cfg: SimConfig) -> Fleet:
     base = cfg.base_ms / 1000
     stall = cfg.stall_ms / 1000
     mean = [(1 - cfg.stall_prob) * base * f + cfg.stall_prob * stall for f in factors]
-    zones = [f"z{rng.randrange(cfg.zones)}" for _ in range(cfg.replicas)]
+    zones = [f"z{i % cfg.zones}" for i in range(cfg.replicas)]
+    rng.shuffle(zones)  # as many replicas in each zone (+-1), speeds spread at random
     router_zone = [f"z{r % cfg.zones}" for r in range(cfg.routers)]
     lo, hi = cfg.rtt_ms
     rtt = [[(rng.uniform(lo, hi) + (cfg.zone_rtt_ms if zones[i] != router_zone[r] else 0.0))
@@ -184,14 +192,23 @@ def routing_spec(strategy: str) -> dict[str, Any]:
     return dict(doc.spec)
 
 
+UNLIMITED = LimiterConfig(initial=1e12, min_limit=1e12, max_limit=1e12)
+"""A limiter configuration that never refuses (for ``--no-model-limit`` and the like)."""
+
+
 def make_scorer(fused: FusedState, fleet: Fleet, router: int, spec: dict[str, Any],
-                seed: int) -> Scorer:
+                cfg: SimConfig) -> Scorer:
     rtt = {fleet.nodes[i]: fleet.rtt[router][i] for i in range(len(fleet.nodes))}
     zone = dict(zip(fleet.nodes, fleet.zone, strict=True))
-    return Scorer(fused, zone=fleet.router_zone[router],
+    limits: dict[str, Any] = {}
+    if not cfg.model_limit:
+        limits["model_limiter"] = UNLIMITED
+    if not cfg.target_limit:
+        limits["limiter"] = UNLIMITED
+    return Scorer(fused, zone=fleet.router_zone[router], **limits,
                   policy=lambda k, n: spec if (k, n) == ("RoutingPolicy", MODEL) else None,
                   rtt_of=rtt.get, zone_of=lambda n: zone.get(n, ""),
-                  rng=random.Random(seed * 1_000_003 + router),
+                  rng=random.Random(cfg.seed * 1_000_003 + router),
                   # The strategy budget (200 us of wall time) is checked against this timer.
                   # Real time would make the results depend on how fast this machine runs
                   # CPython (a ranking over hundreds of targets crosses 200 us now and then,
@@ -246,7 +263,7 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
     n_rep, n_rt = cfg.replicas, cfg.routers
     spec = routing_spec(cfg.strategy)
     fused = [FusedState(f"router{r}") for r in range(n_rt)]
-    scorers = [make_scorer(fused[r], fleet, r, spec, cfg.seed) for r in range(n_rt)]
+    scorers = [make_scorer(fused[r], fleet, r, spec, cfg) for r in range(n_rt)]
     index = {k: i for i, k in enumerate(fleet.keys)}
     rate = cfg.load * fleet.capacity
     end = START + cfg.duration
@@ -310,6 +327,10 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
     arrived = shed = completed = 0
     w_arrived = w_shed = w_completed = 0
     shed_reasons: Counter[str] = Counter()
+    shed_bins: set[tuple[int, int]] = set()
+    """(router, 100 ms of simulated time) in which that router shed at least once."""
+    limit_at_shed: list[float] = []
+    """The router's model-wide limit when it shed a request."""
     latencies: list[float] = []
     hedges = hedge_wins = 0
     events = 0
@@ -350,6 +371,10 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
                 shed += 1
                 w_shed += in_window
                 shed_reasons[scored.verdict.reason] += 1
+                shed_bins.add((r, int((t - START) * 10)))
+                ms = scorers[r]._models.get(MODEL)
+                if ms is not None:
+                    limit_at_shed.append(ms.limit.limit)
                 continue
             first_t = scored.targets[0]
             req = Req(r, t, scored.decision_id, scored.targets, s2)
@@ -447,6 +472,10 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
         "degraded": sum(k.degraded for k in counters),
         "unknown_outcomes": sum(k.unknown_outcomes for k in counters),
         "model_limit": _spread(model_limits), "target_limit": _spread(target_limits),
+        "model_limit_at_shed": _spread(limit_at_shed) | (
+            {"median": sorted(limit_at_shed)[len(limit_at_shed) // 2]} if limit_at_shed else {}),
+        "shed_intervals": len(shed_bins),
+        "shed_interval_share": len(shed_bins) / (n_rt * math.ceil(cfg.duration * 10)),
         "capacity_rps": fleet.capacity, "events": events,
         "wall_s": time.perf_counter() - wall0,
     }
@@ -490,60 +519,107 @@ def _order(r: dict[str, Any]) -> tuple[float, float, int, str]:
 
 
 def build_findings(results: list[dict[str, Any]]) -> list[str]:
-    """A few statements computed from the results (they stay true when the numbers move)."""
+    """A few statements computed from the results; the explanations are printed only when the
+    numbers show what they explain."""
     cells: dict[tuple[float, float], dict[str, dict[str, Any]]] = {}
     for r in results:
         cells.setdefault((r["load"], r["staleness_s"]), {})[r["strategy"]] = r
+    loads = sorted({r["load"] for r in results})
+    stales = sorted({r["staleness_s"] for r in results})
     out = []
     best = []
     for (load, stale), by in sorted(cells.items()):
         top = min(by.values(), key=lambda r: r["p99_ms"])
-        line = f"{load:g}/{stale:g}s: {top['strategy']} {_ms(top['p99_ms'])}"
+        line = f"{load:g}/{stale:g} s {top['strategy']} {_ms(top['p99_ms'])}"
         rr = by.get("baseline_rr")
         if rr is not None and top is not rr and top["p99_ms"] > 0:
-            line += f" ({rr['p99_ms'] / top['p99_ms']:.1f}x under baseline_rr)"
+            line += f" ({rr['p99_ms'] / top['p99_ms']:.0f}x under baseline_rr)"
         best.append(line)
-    if best:
-        out.append("Lowest p99 (ms) per load/staleness: " + "; ".join(best) + ".")
-    if any({"p2c", "hybrid"} <= set(by) for by in cells.values()):
-        wins, losses = [], []
-        for (load, stale), by in sorted(cells.items()):
-            if {"p2c", "hybrid"} <= set(by):
-                h, p = by["hybrid"]["p99_ms"], by["p2c"]["p99_ms"]
-                (wins if h < p else losses).append(f"{load:g}/{stale:g}s {_ms(h)} vs {_ms(p)}")
-        text = f"hybrid vs p2c p99: lower in {len(wins)} of {len(wins) + len(losses)} cells"
-        if losses:
-            text += " (not lower at " + "; ".join(losses) + ")"
+    out.append("Lowest p99 (ms) per load/staleness: " + "; ".join(best) + ".")
+
+    pairs = [(k, by["hybrid"], by["p2c"]) for k, by in sorted(cells.items())
+             if "hybrid" in by and "p2c" in by]
+    if pairs:
+        def cell(k: tuple[float, float], h: dict[str, Any], p: dict[str, Any]) -> str:
+            return f"{k[0]:g}/{k[1]:g} s {_ms(h['p99_ms'])} vs {_ms(p['p99_ms'])}"
+
+        lower = [k for k, h, p in pairs if h["p99_ms"] < 0.95 * p["p99_ms"]]
+        tie = [cell(k, h, p) for k, h, p in pairs
+               if 0.95 * p["p99_ms"] <= h["p99_ms"] <= 1.05 * p["p99_ms"]]
+        higher = [cell(k, h, p) for k, h, p in pairs if h["p99_ms"] > 1.05 * p["p99_ms"]]
+        p50 = sum(h["p50_ms"] < p["p50_ms"] for _, h, p in pairs)
+        text = (f"hybrid vs p2c p99: lower by more than 5% in {len(lower)} of {len(pairs)} "
+                f"cells" + (f", within 5% in {'; '.join(tie)}" if tie else "")
+                + (f", HIGHER in {'; '.join(higher)}" if higher else "")
+                + f"; p50 lower in {p50} of {len(pairs)}")
+        busiest = [(h, p) for k, h, p in pairs if k[0] == loads[-1]]
+        slow = [(h["by_class"].get("5x"), p["by_class"].get("5x")) for h, p in busiest]
+        if slow and all(a and b for a, b in slow):
+            hu = sum(a["util_mean"] for a, _ in slow if a) / len(slow)
+            pu = sum(b["util_mean"] for _, b in slow if b) / len(slow)
+            if pu > hu:
+                text += (f".  p2c keeps every speed class about equally busy (5x replicas "
+                         f"{pu:.0%} busy at load {loads[-1]:g}, vs {hu:.0%} under hybrid): a "
+                         f"request that lands there waits behind 5x-slower work, and those "
+                         f"requests make its tail")
         out.append(text + ".")
-    if any("least_queue" in by for by in cells.values()):
-        lq = sorted((r for r in results if r["strategy"] == "least_queue"),
-                    key=lambda r: (r["load"], r["staleness_s"]))
-        parts = [f"{r['load']:g}/{r['staleness_s']:g}s {_ms(r['p99_ms'])}" for r in lq]
-        slow = [f"{r['load']:g}/{r['staleness_s']:g}s {r['by_class'].get('5x', {}).get('traffic_share', 0) * 100:.1f}%"  # noqa: E501
-                for r in lq if "5x" in r["by_class"]]
-        text = "least_queue p99 (ms) as signals age: " + ", ".join(parts)
-        if slow:
-            text += "; share of its traffic on the 5x replicas: " + ", ".join(slow)
-        out.append(text + " (it ranks by backlog count only, not by speed).")
+
+    if len(stales) > 1:
+        parts, flips = [], []
+        for name in ("hybrid", "least_queue", "p2c"):
+            seq = [cells[(loads[-1], st)].get(name) for st in stales]
+            if any(x is None for x in seq):
+                continue
+            p99 = [x["p99_ms"] for x in seq if x is not None]
+            parts.append(f"{name} {'/'.join(_ms(v) for v in p99)}")
+            if min(p99[1:]) < 0.8 * p99[0]:
+                flips.append(name)
+        if parts:
+            text = (f"p99 (ms) at load {loads[-1]:g} by staleness "
+                    f"{'/'.join(f'{s:g}' for s in stales)} s: {', '.join(parts)}")
+            if flips:
+                text += (f".  Fresher is not always better for {', '.join(flips)}: the scorer "
+                         f"takes a reported backlog at face value until the next snapshot "
+                         f"(max(reported, own in-flight), not aged by what the replica drained "
+                         f"since), so routers shun replicas that were busy at the snapshot and "
+                         f"pile onto those that were idle, for a period worth tens of service "
+                         f"times")
+            out.append(text + ".")
+
     shed = [r for r in results if r["shed"]]
     if shed:
-        worst = max(shed, key=lambda r: r["shed_rate"])
         reasons: Counter[str] = Counter()
         for r in shed:
             reasons.update(r["shed_reasons"])
-        out.append(f"Shedding in {len(shed)} of {len(results)} runs, at most "
-                   f"{worst['shed_rate'] * 100:.2f}% ({worst['strategy']}, load "
-                   f"{worst['load']:g}, staleness {worst['staleness_s']:g} s); reasons "
-                   f"{dict(reasons)}.")
+        worst: dict[str, dict[str, Any]] = {}
+        for r in shed:
+            if r["strategy"] not in worst or r["shed_rate"] > worst[r["strategy"]]["shed_rate"]:
+                worst[r["strategy"]] = r
+        limits = [r["model_limit_at_shed"]["median"] for r in shed
+                  if r.get("model_limit_at_shed")]
+        text = (f"Shedding in {len(shed)} of {len(results)} runs ({dict(reasons)}); worst per "
+                f"strategy: " + ", ".join(
+                    f"{n} {r['shed_rate'] * 100:.1f}% ({r['load']:g}/{r['staleness_s']:g} s)"
+                    for n, r in worst.items()))
+        if limits and reasons.get("model_limit", 0) >= sum(reasons.values()) / 2:
+            text += (f".  Nearly all is the model-wide limit (per router, starts at 100): a "
+                     f"latency spike (a stall, a herd) sends its short-term RTT past 1.5x the "
+                     f"long-term one, each sample then cuts the limit by up to ~10%, and the "
+                     f"router refuses almost everything until fast samples return (median "
+                     f"limit when shedding {sorted(limits)[len(limits) // 2]:.0f})")
+        out.append(text + ".")
     else:
-        out.append("No request was shed in any run (the adaptive limits never refused one).")
-    rr = [r for r in results if r["strategy"] == "baseline_rr" and "5x" in r["by_class"]]
-    if rr:
-        u = max(rr, key=lambda r: r["load"])
-        out.append(f"baseline_rr at load {u['load']:g}: 5x replicas at "
-                   f"{u['by_class']['5x']['util_mean'] * 100:.0f}% busy, fleet mean "
-                   f"{u['util_mean'] * 100:.0f}% (max/mean {u['imbalance']:.2f}); the adaptive "
-                   f"target limits spill its excess to the next target in its order.")
+        out.append("No request was shed in any run.")
+    rrs = [r for r in results if r["strategy"] == "baseline_rr" and "5x" in r["by_class"]]
+    if rrs:
+        u = max(rrs, key=lambda r: (r["load"], r["staleness_s"]))
+        out.append(f"baseline_rr (context only) at load {u['load']:g}: the 5x replicas are "
+                   f"{u['by_class']['5x']['util_mean']:.0%} busy while the fleet averages "
+                   f"{u['util_mean']:.0%}; their queues (per-target limits reach "
+                   f"{u['target_limit'].get('max', 0):.0f} per router, from 20: Gradient2 takes "
+                   f"a lasting latency as the new baseline) make the p99, and the model-wide "
+                   f"limit then sheds {u['shed_rate']:.0%} of all requests, healthy replicas' "
+                   f"included.")
     return out
 
 
@@ -600,6 +676,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="delivery delay U(0, frac * staleness)")
     ap.add_argument("--spu-noise", type=float, default=0.1)
     ap.add_argument("--no-hedge", action="store_true", help="requests not idempotent")
+    ap.add_argument("--no-model-limit", action="store_true",
+                    help="the scorer's model-wide adaptive limit never refuses")
+    ap.add_argument("--no-target-limit", action="store_true",
+                    help="the scorer's per-target adaptive limits never refuse")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--out", type=Path, default=None,
                     help="JSON results (and .md beside it); default "
@@ -618,7 +698,8 @@ def main(argv: list[str] | None = None) -> int:
                      stall_ms=args.stall_ms, rtt_ms=(args.rtt_ms[0], args.rtt_ms[1]),
                      zones=args.zones, zone_rtt_ms=args.zone_rtt_ms,
                      delay_frac=args.delay_frac, spu_noise=args.spu_noise,
-                     hedge=not args.no_hedge)
+                     hedge=not args.no_hedge, model_limit=not args.no_model_limit,
+                     target_limit=not args.no_target_limit)
     for s in strategies:
         routing_spec(s)  # fails early on a name the policy schema refuses
     runs = [replace(base, strategy=s, load=load, staleness=stale)
@@ -653,7 +734,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fleet.capacity:,.0f} req/s.  RTT {base.rtt_ms[0]:g}-{base.rtt_ms[1]:g} ms "
                   f"+ {base.zone_rtt_ms:g} ms across {base.zones} zones.  Signals every "
                   f"'staleness' s, delivered U(0, {base.delay_frac:g} x staleness) later, spu "
-                  f"noise {base.spu_noise:.0%}.  Hedging {'on' if base.hedge else 'off'}.  "
+                  f"noise {base.spu_noise:.0%}.  Hedging {'on' if base.hedge else 'off'}"
+                  f"{'' if base.model_limit else ', model limit off'}"
+                  f"{'' if base.target_limit else ', target limits off'}.  "
                   f"Latency over arrivals after {base.warmup_frac:.0%} warm-up.")
     print(f"\n{title}\n{setup_line}\n")
     table = format_table(HEAD, rows)
@@ -682,7 +765,9 @@ def main(argv: list[str] | None = None) -> int:
     argv_text = " ".join(["bench/routing_sim.py", *(sys.argv[1:] if argv is None else argv)])
     lines = [f"# {title}", "",
              f"{report['when']}, {report['cpu_count']} CPUs ({report['cpu_model']}), Python "
-             f"{report['python']}, commit {report['git']['commit'][:12]}.", "",
+             f"{report['python']}, commit {report['git']['commit'][:12]}"
+             + (f" + uncommitted changes in {len(report['git']['dirty_files'])} paths (listed "
+                f"in the JSON)" if report["git"]["dirty_files"] else "") + ".", "",
              f"`{argv_text}`", "", setup_line, "", table, "",
              *[f"* {f}" for f in findings], "",
              f"Wall time {wall:.0f} s ({args.jobs} processes). Full data: `{out.name}`.", ""]
