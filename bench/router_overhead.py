@@ -131,6 +131,34 @@ def _rusage_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _thread_oncpu_s(tid: int) -> float:
+    """Seconds thread ``tid`` of this process has run (schedstat: ns, user + system)."""
+    try:
+        return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+class GcClock:
+    """Collections and seconds spent in them, per generation (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            gen = info["generation"]
+            self.count[gen] += 1
+            self.seconds[gen] += time.perf_counter() - self._t0
+
+
 class Others:
     """CPU the rest of the machine used during a measurement (others' jobs), in cores."""
 
@@ -165,16 +193,19 @@ async def _child(kind: str, spec: dict[str, Any]) -> int:
     upstream = spec["upstream"]
     counters: Callable[[], dict[str, Any]]
     closers: list[Callable[[], Any]] = []
+    breakdown: Breakdown | None = None
     if kind == "proxy":
         server, addr = await _bare_proxy(upstream)
         counters = dict
     else:
-        server, addr, counters, close = await _router(upstream)
+        server, addr, counters, close, breakdown = await _router(upstream)
         closers.append(close)
     print(json.dumps({"addr": addr, "pid": os.getpid()}), flush=True)
 
     stop = asyncio.Event()
     profiler: list[Any] = []
+    gc_clock = GcClock()
+    main_tid = threading.get_native_id()  # the event loop's thread
 
     def on_loop(fn: Callable[[], Any]) -> Any:
         async def run() -> Any:
@@ -201,11 +232,17 @@ async def _child(kind: str, spec: dict[str, Any]) -> int:
         for line in sys.stdin:
             cmd, _, arg = line.strip().partition(" ")
             if cmd == "cpu":
-                out: dict[str, Any] = {"cpu": _rusage_s()}
+                out: dict[str, Any] = {"cpu": _rusage_s(), "loop_cpu": _thread_oncpu_s(main_tid),
+                                       "gc_count": list(gc_clock.count),
+                                       "gc_s": list(gc_clock.seconds)}
             elif cmd == "profile-start":
                 out = on_loop(profile_start)
             elif cmd == "profile-stop":
                 out = on_loop(functools.partial(profile_stop, arg))
+            elif cmd == "breakdown-start" and breakdown is not None:
+                out = on_loop(breakdown.start)
+            elif cmd == "breakdown-stop" and breakdown is not None:
+                out = on_loop(breakdown.stop)
             elif cmd == "stop":
                 out = {"counters": on_loop(counters), "cpu": _rusage_s()}
                 print(json.dumps(out, default=str), flush=True)
@@ -253,8 +290,79 @@ async def _bare_proxy(upstream: str) -> tuple[Any, str]:
     return server, f"127.0.0.1:{port}"
 
 
+class Breakdown:
+    """CPU time of the event loop's thread spent in the router's own steps, in place: the
+    steps are wrapped (``time.thread_time`` around each call; ~1 us of wrapper per call)
+    between ``start`` and ``stop``.  What the steps do not cover is gRPC and asyncio glue."""
+
+    def __init__(self, router: Any, scorer: Any) -> None:
+        self.router, self.scorer = router, scorer
+        self.acc: dict[str, list[float]] = {}
+        self.undo: list[Callable[[], None]] = []
+
+    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        acc = self.acc.setdefault(name, [0, 0.0])
+        tt = time.thread_time
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t0 = tt()
+            try:
+                return fn(*a, **kw)
+            finally:
+                acc[0] += 1
+                acc[1] += tt() - t0
+        return timed
+
+    def _patch(self, obj: Any, attr: str, name: str, instance: bool) -> None:
+        orig = getattr(obj, attr)
+        setattr(obj, attr, self._wrap(name, orig))
+        if instance:  # a bound method shadowed in the instance's dict
+            self.undo.append(lambda: delattr(obj, attr))
+        else:
+            self.undo.append(lambda: setattr(obj, attr, orig))
+
+    def start(self) -> dict[str, Any]:
+        from types import SimpleNamespace
+
+        from meshd.router import kserve
+
+        self.acc.clear()
+        r, sc = self.router, self.scorer
+        self._patch(sc, "score", "scorer.score", True)
+        self._patch(sc, "report", "scorer.report", True)
+        self._patch(sc, "weights", "scorer.weights", True)
+        self._patch(r.auth, "tenant", "auth.tenant (_caller)", True)
+        self._patch(r.schemas, "cached", "schemas.cached", True)
+        self._patch(kserve, "validate", "validate", False)
+        pb = kserve.service_pb2
+        mir = SimpleNamespace(FromString=self._wrap("ModelInferRequest.FromString",
+                                                    pb.ModelInferRequest.FromString))
+        shim = SimpleNamespace(**{k: getattr(pb, k) for k in dir(pb) if not k.startswith("__")})
+        shim.ModelInferRequest = mir
+        kserve.service_pb2 = shim  # type: ignore[assignment]
+        self.undo.append(lambda: setattr(kserve, "service_pb2", pb))
+        unary = r.upstreams.unary
+        wrapped: dict[Any, Any] = {}
+
+        def unary_timed(endpoint: str, method: str) -> Any:
+            mc = unary(endpoint, method)
+            w = wrapped.get(mc)
+            if w is None:
+                w = wrapped[mc] = self._wrap("upstream call creation (the proxy pays it too)",
+                                             mc)
+            return w
+        r.upstreams.unary = unary_timed
+        self.undo.append(lambda: delattr(r.upstreams, "unary"))
+        return {"ok": True}
+
+    def stop(self) -> dict[str, Any]:
+        while self.undo:
+            self.undo.pop()()
+        return {"steps": {k: {"calls": int(v[0]), "cpu_s": v[1]} for k, v in self.acc.items()}}
+
+
 async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]],
-                                          Callable[[], Any]]:
+                                          Callable[[], Any], Breakdown]:
     """The meshd router over a fused view listing ``upstream`` as a ready ``add_sub``."""
     import dataclasses
 
@@ -298,7 +406,7 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
         feeder.cancel()
         await router.close()
 
-    return server, addr, counters, close
+    return server, addr, counters, close, Breakdown(router, scorer)
 
 
 class Child:
@@ -336,8 +444,10 @@ class Child:
         self.proc.stdin.flush()
         return self.read(timeout)
 
-    def cpu(self) -> float:
-        return float(self.cmd("cpu")["cpu"])
+    def cpu(self) -> dict[str, Any]:
+        """``cpu`` (process, s), ``loop_cpu`` (its event loop's thread, s), ``gc_count`` and
+        ``gc_s`` (per generation)."""
+        return self.cmd("cpu")
 
     def stop(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -461,8 +571,10 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
             sync_round(sync[path], inputs, args.warmup)
             aio.round(path, args.warmup, 8)
 
-        def cpu_of(path: str) -> float:
-            return children[path].cpu() if path in children else 0.0
+        zero = {"cpu": 0.0, "loop_cpu": 0.0, "gc_count": [0, 0, 0], "gc_s": [0.0, 0.0, 0.0]}
+
+        def cpu_of(path: str) -> dict[str, Any]:
+            return children[path].cpu() if path in children else zero
 
         def ours() -> float:
             t = os.times()
@@ -473,9 +585,10 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
         for phase, conc, calls, rounds in (("c1", 1, args.calls, args.rounds),
                                            ("c8", 8, args.calls_c8, args.rounds_c8)):
             acc: dict[str, dict[str, Any]] = {
-                p: {"lat": [], "rounds": [], "cpu_s": 0.0, "triton_cpu_s": 0.0,
-                    "client_cpu_s": 0.0, "calls": 0, "wall_s": 0.0, "cpu_per_req_ms": [],
-                    "throughput": []} for p in PATHS}
+                p: {"lat": [], "rounds": [], "cpu_s": 0.0, "loop_cpu_s": 0.0, "gc_s": 0.0,
+                    "gc_count": [0, 0, 0], "triton_cpu_s": 0.0, "client_cpu_s": 0.0,
+                    "calls": 0, "wall_s": 0.0, "cpu_per_req_ms": [], "throughput": []}
+                for p in PATHS}
             watch = Others(ours)
             for rnd in range(rounds):
                 k = rnd % len(PATHS)
@@ -491,8 +604,13 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
                     e = acc[path]
                     e["lat"].extend(lat)
                     e["rounds"].append(_dist(lat))
-                    e["cpu_s"] += c1 - c0
-                    e["cpu_per_req_ms"].append((c1 - c0) / calls * 1000)
+                    e["cpu_s"] += c1["cpu"] - c0["cpu"]
+                    e["loop_cpu_s"] += c1["loop_cpu"] - c0["loop_cpu"]
+                    e["gc_s"] += sum(c1["gc_s"]) - sum(c0["gc_s"])
+                    e["gc_count"] = [a + y - x for a, x, y in
+                                     zip(e["gc_count"], c0["gc_count"], c1["gc_count"],
+                                         strict=True)]
+                    e["cpu_per_req_ms"].append((c1["cpu"] - c0["cpu"]) / calls * 1000)
                     e["triton_cpu_s"] += t1 - t0
                     e["client_cpu_s"] += (u1.user + u1.system) - (u0.user + u0.system)
                     e["calls"] += calls
@@ -513,6 +631,11 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
                                            if p in children else None),
                     "cpu_ms_per_request_rounds": e["cpu_per_req_ms"] if p in children else [],
                     "proxy_cores": e["cpu_s"] / e["wall_s"] if p in children else None,
+                    "loop_thread_cpu_ms_per_request": (e["loop_cpu_s"] / e["calls"] * 1000
+                                                       if p in children else None),
+                    "gc_us_per_request": (e["gc_s"] / e["calls"] * 1e6
+                                          if p in children else None),
+                    "gc_collections": e["gc_count"] if p in children else None,
                     "triton_cpu_ms_per_request": e["triton_cpu_s"] / e["calls"] * 1000,
                     "client_cpu_ms_per_request": e["client_cpu_s"] / e["calls"] * 1000}
             d = res["paths"]["direct"]["round_latency_us"]
@@ -534,11 +657,26 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
 
 def profile(args: argparse.Namespace, triton: Any, children: dict[str, Child],
             workdir: Path) -> dict[str, Any]:
-    """cProfile both proxies over ``--profile-calls`` requests at concurrency 8."""
+    """The router's own steps timed in place (:class:`Breakdown`), then cProfile of both
+    proxies, each over ``--profile-calls`` requests at concurrency 8."""
     urls = {k: c.addr for k, c in children.items()}
     aio = AioClients(urls)
     out: dict[str, Any] = {}
+    n = args.profile_calls
     try:
+        router = children["router"]
+        aio.round("router", 100, 8)
+        router.cmd("breakdown-start")
+        c0 = router.cpu()
+        aio.round("router", n, 8)
+        c1 = router.cpu()
+        steps = router.cmd("breakdown-stop")["steps"]
+        out["breakdown"] = {
+            "calls": n, "cpu_ms_per_request": (c1["cpu"] - c0["cpu"]) / n * 1000,
+            "loop_thread_cpu_ms_per_request": (c1["loop_cpu"] - c0["loop_cpu"]) / n * 1000,
+            "steps": {k: {"calls_per_request": v["calls"] / n,
+                          "us_per_request": v["cpu_s"] / n * 1e6}
+                      for k, v in sorted(steps.items(), key=lambda kv: -kv[1]["cpu_s"])}}
         for kind, child in children.items():
             aio.round(kind, 100, 8)
             path = workdir / f"{kind}.pstats"
@@ -548,11 +686,12 @@ def profile(args: argparse.Namespace, triton: Any, children: dict[str, Child],
             c1 = child.cpu()
             child.cmd(f"profile-stop {path}")
             out[kind] = summarize_profile(path, args.profile_calls)
-            out[kind]["cpu_ms_per_request_profiled"] = (c1 - c0) / args.profile_calls * 1000
+            out[kind]["cpu_ms_per_request_profiled"] = ((c1["cpu"] - c0["cpu"])
+                                                        / args.profile_calls * 1000)
             out[kind]["pstats_file"] = str(path)
     finally:
         aio.close()
-    return out
+    return {"breakdown": out.pop("breakdown"), "cprofile": out}
 
 
 def summarize_profile(path: Path, calls: int, top: int = 25) -> dict[str, Any]:
@@ -618,7 +757,9 @@ def build_rows(results: dict[str, Any]) -> list[list[str]]:
             rounds = e["cpu_ms_per_request_rounds"]
             rows.append([f"CPU per request, {p} process, concurrency {phase}",
                          f"{e['cpu_ms_per_request']:.3f} ms (rounds {min(rounds):.3f}-"
-                         f"{max(rounds):.3f}; {e['proxy_cores']:.2f} cores)",
+                         f"{max(rounds):.3f}; {e['proxy_cores']:.2f} cores; event-loop thread "
+                         f"{e['loop_thread_cpu_ms_per_request']:.3f} ms, of which GC "
+                         f"{e['gc_us_per_request'] / 1000:.3f} ms)",
                          (f"~{PROXY_CPU_EXPECTED_MS[0]:g}-{PROXY_CPU_EXPECTED_MS[1]:g} ms "
                           "expected" if p == "proxy" else ""), "-"])
         ratio = res["paths"]["router"]["cpu_ms_per_request"] / res["paths"]["proxy"][
@@ -667,8 +808,24 @@ def build_notes(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
         notes.append(f"router counters at the end: {json.dumps(rc['router'])}; scorer "
                      f"{json.dumps(rc['scorer'])}")
     prof = results.get("profile")
+    if prof and m:
+        b = prof["breakdown"]
+        c8 = m["c8"]["paths"]
+        extra = (c8["router"]["loop_thread_cpu_ms_per_request"]
+                 - c8["proxy"]["loop_thread_cpu_ms_per_request"]) * 1000
+        own = sum(v["us_per_request"] for k, v in b["steps"].items()
+                  if not k.startswith("upstream call"))
+        notes.append(f"where the router's extra CPU goes (concurrency 8): its event-loop thread "
+                     f"used {extra:.0f} us per request more than the bare proxy's in the "
+                     f"measurement; its own steps, timed in place over {b['calls']} requests, "
+                     f"take {own:.0f} us (" + ", ".join(
+                         f"{k} {v['us_per_request']:.1f}" for k, v in b["steps"].items()
+                         if not k.startswith("upstream call"))
+                     + f"); the other {extra - own:.0f} us is gRPC/asyncio glue around them "
+                     "(the handler's coroutine chain, context metadata and deadline calls, "
+                     "result objects).")
     if prof:
-        for kind, p in prof.items():
+        for kind, p in prof["cprofile"].items():
             notes.append(f"cProfile ({kind}, {p['calls']} requests at concurrency 8, CPU time "
                          f"of its loop thread): {p['python_us_per_request']:.0f} us per request "
                          f"under the profiler (process CPU/request while profiled "
@@ -708,7 +865,17 @@ def write_markdown(path: Path, title: str, rows: list[list[str]], notes: list[st
              "1.", "", format_table(HEAD, rows), ""]
     lines += [f"* {n}" for n in notes]
     if report["results"].get("profile"):
-        lines += profile_md(report["results"]["profile"])
+        b = report["results"]["profile"]["breakdown"]
+        lines += ["", f"### The router's own steps, timed in place ({b['calls']} requests at "
+                      "concurrency 8; CPU of the event loop's thread)", "",
+                  format_table(("step", "calls/request", "us/request"),
+                               [[k, f"{v['calls_per_request']:.2f}",
+                                 f"{v['us_per_request']:.1f}"]
+                                for k, v in b["steps"].items()]),
+                  "", f"Process CPU per request during it {b['cpu_ms_per_request']:.3f} ms, "
+                      f"event-loop thread {b['loop_thread_cpu_ms_per_request']:.3f} ms "
+                      "(with the wrappers)."]
+        lines += profile_md(report["results"]["profile"]["cprofile"])
     lines += ["", f"Wall time {report['wall_s']:.0f} s. Full data: "
               f"`{path.with_suffix('.json').name}`.", ""]
     path.write_text("\n".join(lines))

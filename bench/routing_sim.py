@@ -131,8 +131,6 @@ class SimConfig:
     delay_frac: float = 0.5
     spu_noise: float = 0.1
     hedge: bool = True
-    model_limit: bool = True
-    """False: the scorer's model-wide adaptive limit never binds (``--no-model-limit``)."""
     target_limit: bool = True
     """False: the per-target adaptive limits never bind (``--no-target-limit``)."""
 
@@ -193,7 +191,12 @@ def routing_spec(strategy: str) -> dict[str, Any]:
 
 
 UNLIMITED = LimiterConfig(initial=1e12, min_limit=1e12, max_limit=1e12)
-"""A limiter configuration that never refuses (for ``--no-model-limit`` and the like)."""
+"""A limiter configuration that never refuses (for ``--no-target-limit``)."""
+
+
+def model_limit(scorer: Scorer) -> float:
+    """A router's limit for the model: the sum of its targets' adaptive limits."""
+    return sum(st.limit.limit for st in scorer.table.stats.values())
 
 
 def make_scorer(fused: FusedState, fleet: Fleet, router: int, spec: dict[str, Any],
@@ -201,8 +204,6 @@ def make_scorer(fused: FusedState, fleet: Fleet, router: int, spec: dict[str, An
     rtt = {fleet.nodes[i]: fleet.rtt[router][i] for i in range(len(fleet.nodes))}
     zone = dict(zip(fleet.nodes, fleet.zone, strict=True))
     limits: dict[str, Any] = {}
-    if not cfg.model_limit:
-        limits["model_limiter"] = UNLIMITED
     if not cfg.target_limit:
         limits["limiter"] = UNLIMITED
     return Scorer(fused, zone=fleet.router_zone[router], **limits,
@@ -330,7 +331,7 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
     shed_bins: set[tuple[int, int]] = set()
     """(router, 100 ms of simulated time) in which that router shed at least once."""
     limit_at_shed: list[float] = []
-    """The router's model-wide limit when it shed a request."""
+    """The router's limit for the model (its targets' limits summed) when it shed a request."""
     latencies: list[float] = []
     hedges = hedge_wins = 0
     events = 0
@@ -372,9 +373,7 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
                 w_shed += in_window
                 shed_reasons[scored.verdict.reason] += 1
                 shed_bins.add((r, int((t - START) * 10)))
-                ms = scorers[r]._models.get(MODEL)
-                if ms is not None:
-                    limit_at_shed.append(ms.limit.limit)
+                limit_at_shed.append(model_limit(scorers[r]))
                 continue
             first_t = scored.targets[0]
             req = Req(r, t, scored.decision_id, scored.targets, s2)
@@ -451,7 +450,7 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
     for k in counters:
         fallbacks.update(k.fallbacks)
         decisions.update(k.decisions)
-    model_limits = [ms.limit.limit for s in scorers for ms in s._models.values()]
+    model_limits = [model_limit(s) for s in scorers]
     target_limits = [st.limit.limit for s in scorers for st in s.table.stats.values()]
     return {
         "strategy": cfg.strategy, "load": cfg.load, "staleness_s": cfg.staleness,
@@ -602,11 +601,8 @@ def build_findings(results: list[dict[str, Any]]) -> list[str]:
                     f"{n} {r['shed_rate'] * 100:.1f}% ({r['load']:g}/{r['staleness_s']:g} s)"
                     for n, r in worst.items()))
         if limits and reasons.get("model_limit", 0) >= sum(reasons.values()) / 2:
-            text += (f".  Nearly all is the model-wide limit (per router, starts at 100): a "
-                     f"latency spike (a stall, a herd) sends its short-term RTT past 1.5x the "
-                     f"long-term one, each sample then cuts the limit by up to ~10%, and the "
-                     f"router refuses almost everything until fast samples return (median "
-                     f"limit when shedding {sorted(limits)[len(limits) // 2]:.0f})")
+            text += (f".  Nearly all is the model's limit, the sum of its targets' adaptive "
+                     f"limits (median when shedding {sorted(limits)[len(limits) // 2]:.0f})")
         out.append(text + ".")
     else:
         out.append("No request was shed in any run.")
@@ -617,7 +613,7 @@ def build_findings(results: list[dict[str, Any]]) -> list[str]:
                    f"{u['by_class']['5x']['util_mean']:.0%} busy while the fleet averages "
                    f"{u['util_mean']:.0%}; their queues (per-target limits reach "
                    f"{u['target_limit'].get('max', 0):.0f} per router, from 20: Gradient2 takes "
-                   f"a lasting latency as the new baseline) make the p99, and the model-wide "
+                   f"a lasting latency as the new baseline) make the p99, and the model's "
                    f"limit then sheds {u['shed_rate']:.0%} of all requests, healthy replicas' "
                    f"included.")
     return out
@@ -676,8 +672,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="delivery delay U(0, frac * staleness)")
     ap.add_argument("--spu-noise", type=float, default=0.1)
     ap.add_argument("--no-hedge", action="store_true", help="requests not idempotent")
-    ap.add_argument("--no-model-limit", action="store_true",
-                    help="the scorer's model-wide adaptive limit never refuses")
     ap.add_argument("--no-target-limit", action="store_true",
                     help="the scorer's per-target adaptive limits never refuse")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
@@ -698,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
                      stall_ms=args.stall_ms, rtt_ms=(args.rtt_ms[0], args.rtt_ms[1]),
                      zones=args.zones, zone_rtt_ms=args.zone_rtt_ms,
                      delay_frac=args.delay_frac, spu_noise=args.spu_noise,
-                     hedge=not args.no_hedge, model_limit=not args.no_model_limit,
+                     hedge=not args.no_hedge,
                      target_limit=not args.no_target_limit)
     for s in strategies:
         routing_spec(s)  # fails early on a name the policy schema refuses
@@ -735,7 +729,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"+ {base.zone_rtt_ms:g} ms across {base.zones} zones.  Signals every "
                   f"'staleness' s, delivered U(0, {base.delay_frac:g} x staleness) later, spu "
                   f"noise {base.spu_noise:.0%}.  Hedging {'on' if base.hedge else 'off'}"
-                  f"{'' if base.model_limit else ', model limit off'}"
                   f"{'' if base.target_limit else ', target limits off'}.  "
                   f"Latency over arrivals after {base.warmup_frac:.0%} warm-up.")
     print(f"\n{title}\n{setup_line}\n")

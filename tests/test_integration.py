@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import ssl
@@ -473,7 +474,8 @@ def test_devmesh_shows_all_alive_and_exits_0(tmp_path: Path) -> None:
 
 def test_devmesh_attaches_triton_replicas(tmp_path: Path) -> None:
     """``--tritons 1``: a real Triton attached to node2, whose add_sub and delay replicas node1
-    (the admin address devmesh's hints use) shows as ready; Ctrl-C stops everything."""
+    (the admin address devmesh's hints use) shows as ready; node2 routes the mesh's traffic
+    rounds to it (every request answered); Ctrl-C stops everything."""
     from meshd import devtriton
     from proto.mesh.v1 import state_pb2, state_pb2_grpc
 
@@ -512,14 +514,14 @@ def test_devmesh_attaches_triton_replicas(tmp_path: Path) -> None:
                     resp = plane.State(state_pb2.StateRequest(node="node2"), timeout=5)
                     seen = {r.model: r for r in resp.replicas if r.node == "node2"}
                     if all(m in seen and seen[m].ready and seen[m].queue_age >= 0
-                           for m in ("add_sub", "delay")):
+                           for m in ("add_sub", "delay")) and "traffic: " in output():
                         break
                 time.sleep(0.5)
         assert {"add_sub", "delay"} <= set(seen), f"replicas seen: {seen}\n{output()}"
         for model in ("add_sub", "delay"):
             r = seen[model]
             assert r.ready and r.runtime == "triton" and r.endpoint == grpc_url, r
-            assert r.queue == 0 and r.queue_age >= 0, r
+            assert r.queue is not None and r.queue >= 0 and r.queue_age >= 0, r
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: devmesh and its nodes
         proc.wait(timeout=60)
     finally:
@@ -530,6 +532,8 @@ def test_devmesh_attaches_triton_replicas(tmp_path: Path) -> None:
     assert proc.returncode == 0, out
     assert "triton0 (gRPC " in out and "-> node2" in out, out
     assert " state " in out and "behave --work-dir" in out, out
+    assert "traffic: 200 requests through the router" in out and ": ok 200\n" in out, out
+    assert re.search(r"triton0 \(127\.0\.0\.1:\d+\): add_sub \d+, delay \d+", out), out
     assert "stopping: each node leaves gracefully" in out and "stopping 1 Triton" in out, out
     # Nothing started under the devmesh work dir (tritonserver, its stubs) outlives devmesh.
     left = []

@@ -382,9 +382,12 @@ def test_the_client_library_calls_the_chosen_triton_directly(
                 a = np.arange(4, dtype=np.float32).reshape(1, 4)
                 got = client.infer("add_sub", add_sub_inputs(a, a, tc))
                 np.testing.assert_array_equal(got.as_numpy("OUTPUT0"), a + a)
-                before = [served(s) for s in servers]
                 inp = tc.InferInput("PAYLOAD", [16], "FP32")
                 inp.set_data_from_numpy(np.zeros(16, dtype=np.float32))
+                for _ in range(20):  # the agent learns the replicas' latencies
+                    client.infer("delay", [inp])
+                time.sleep(0.3)  # (reports are sent without waiting; weights follow)
+                before = [served(s) for s in servers]
                 for _ in range(60):
                     client.infer("delay", [inp])
                 fast, slow = (served(s) - b for s, b in zip(servers, before, strict=True))

@@ -52,7 +52,7 @@ class HedgeBudget:
         """Hedges refused so far (for metrics: a high count means the budget binds)."""
         self._earn = round(ratio * _SCALE)
         self._cap = round(burst * _SCALE)
-        self._tokens = min(self._cap, _SCALE)
+        self._tokens = min(self._cap, _SCALE) if self._earn else 0  # ratio 0: never
 
     @property
     def tokens(self) -> float:

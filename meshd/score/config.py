@@ -76,8 +76,10 @@ class ScoreConfig:
     """EWMA weight of one outcome in a target's observed/predicted ratio ("refined by observed
     latency")."""
 
-    correction_bounds: tuple[float, float] = (0.5, 4.0)
-    """The ratio's clamp: telemetry stays the main signal, outcomes refine it."""
+    correction_bounds: tuple[float, float] = (0.2, 10.0)
+    """The ratio's clamp.  Wide enough for outcomes to overrule telemetry that is wrong (a
+    replica slowed by something its statistics do not show yet), bounded so one burst of
+    outliers cannot make a target look unusable forever."""
 
     retry_after_bounds: tuple[float, float] = (0.01, 5.0)
     """Seconds: retry-after hints are kept in this range."""

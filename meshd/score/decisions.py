@@ -12,8 +12,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshd.score.admission import TenantState
-from meshd.score.limiter import AdaptiveLimit
+from meshd.score.admission import ModelGate, TenantState
 from meshd.score.target import TargetStats
 
 
@@ -22,8 +21,8 @@ class Decision:
     id: int
     model: str
     tenant: TenantState
-    model_limit: AdaptiveLimit
-    """The model-wide limiter this decision holds a slot of."""
+    model_gate: ModelGate
+    """The model's gate this decision holds a slot of."""
     first: TargetStats | None
     """The first target's stats, whose admission slot this decision holds (None: Admit)."""
     first_key: str

@@ -32,7 +32,7 @@ from typing import Any
 
 from adapters.model import work_units
 from meshd.fused import FusedState
-from meshd.score.admission import ADMIT, TenantGate, Verdict, priority_share
+from meshd.score.admission import ADMIT, ModelGate, TenantGate, Verdict, priority_share
 from meshd.score.budget import HedgeBudget
 from meshd.score.config import DEFAULT_ROUTING, RoutingConfig, ScoreConfig
 from meshd.score.decisions import Decision, Decisions
@@ -47,10 +47,6 @@ STRATEGY_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3)
 """Upper bounds (seconds) of the per-strategy decision-time histogram."""
 
 MAX_TEXT = 256
-
-MODEL_LIMITER = LimiterConfig(initial=100.0, min_limit=4.0, max_limit=10_000.0)
-"""A model's limit across all its targets: it starts where the targets' own limits (20 each)
-bind first, and guards the model as a whole when its latency climbs everywhere at once."""
 
 
 class ScoreError(ValueError):
@@ -152,9 +148,17 @@ class ScoreCounters:
 
 @dataclass(slots=True)
 class ModelState:
-    limit: AdaptiveLimit
+    gate: ModelGate
     budget: HedgeBudget
     ratio: float
+
+
+def _capacity(targets: list[Target]) -> float:
+    """The model's limit: the sum of its targets' adaptive limits."""
+    total = 0.0
+    for t in targets:
+        total += t.stats.limit.limit
+    return total
 
 
 def _choice(t: Target) -> Choice:
@@ -178,8 +182,7 @@ class Scorer:
                  zone_of: Callable[[str], str] = lambda n: "",
                  quota_share: Callable[[], float] = lambda: 1.0,
                  config: ScoreConfig | None = None, registry: Registry | None = None,
-                 limiter: LimiterConfig | None = None,
-                 model_limiter: LimiterConfig = MODEL_LIMITER, rng: random.Random | None = None,
+                 limiter: LimiterConfig | None = None, rng: random.Random | None = None,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self.fused = fused
         self.zone = zone
@@ -188,7 +191,6 @@ class Scorer:
         self.policy_version = policy_version
         self.registry = registry or default_registry()
         self.limiter = limiter or LimiterConfig()
-        self.model_limiter = model_limiter
         self.rng = rng or random.Random()
         self.timer = timer
         self.counters = ScoreCounters()
@@ -226,8 +228,8 @@ class Scorer:
         ms = self._models.get(model)
         if ms is None or ms.ratio != routing.hedge_budget:
             budget = HedgeBudget(routing.hedge_budget, self.config.hedge_burst)
-            limit = ms.limit if ms is not None else AdaptiveLimit(self.model_limiter)
-            ms = self._models[model] = ModelState(limit, budget, routing.hedge_budget)
+            gate = ms.gate if ms is not None else ModelGate()
+            ms = self._models[model] = ModelState(gate, budget, routing.hedge_budget)
         return ms
 
     def strategy(self, name: str) -> Strategy | None:
@@ -256,9 +258,9 @@ class Scorer:
             else:
                 stale.append(t)
         if out or not stale:
-            predict_all(out, units)
+            predict_all(out, units, now)
             return out, False
-        predict_all(stale, units, own_only=True)
+        predict_all(stale, units, now, own_only=True)
         return stale, True
 
     def rank(self, targets: list[Target], ctx: Context) -> tuple[list[Target], str]:
@@ -343,8 +345,8 @@ class Scorer:
             self._shadow(req.model, ranked, targets, ctx)
         tenant = self.tenants.state(req.tenant, now)
         priority = slo["shed_priority"] if slo else tenant.priority
-        verdict, first = self._admit_targets(req, ranked, tenant, priority, deadline, routing,
-                                             now)
+        verdict, first = self._admit_targets(req, ranked, targets, tenant, priority, deadline,
+                                             routing, now)
         if not verdict.admit:
             counters.shed[verdict.reason] += 1
             return Scored([_choice(t) for t in ranked], verdict, strategy=used,
@@ -363,7 +365,7 @@ class Scorer:
         stats = first.stats
         stats.units_per_request += 0.1 * (ctx.units - stats.units_per_request)
         c = 1 / stats.correction
-        d = Decision(self.decisions.next_id(), req.model, tenant, ms.limit, stats, first.key,
+        d = Decision(self.decisions.next_id(), req.model, tenant, ms.gate, stats, first.key,
                      {t.key: (t.rtt, (t.p_queue + t.p_service) * c) for t in ranked},
                      ctx.units, now, now + (deadline or self.config.decision_ttl)
                      + self.config.expiry_grace)
@@ -379,9 +381,9 @@ class Scorer:
             raise ScoreError("slo_class", f"no SloClass named {name!r}")
         return slo
 
-    def _admit_targets(self, req: ScoreRequest, ranked: list[Target], tenant: Any,
-                       priority: int, deadline: float | None, routing: RoutingConfig,
-                       now: float) -> tuple[Verdict, Target | None]:
+    def _admit_targets(self, req: ScoreRequest, ranked: list[Target], targets: list[Target],
+                       tenant: Any, priority: int, deadline: float | None,
+                       routing: RoutingConfig, now: float) -> tuple[Verdict, Target | None]:
         """Admission for a scored request; on success ``ranked[0]`` is the target whose slot
         was taken (moved to the front if a better-ranked one was full)."""
         lo, hi = self.config.retry_after_bounds
@@ -394,8 +396,7 @@ class Scorer:
             return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), None
         share = priority_share(priority)
         ms = self._model(req.model, routing)
-        cap = routing.max_concurrency
-        if (cap is not None and ms.limit.inflight >= cap) or not ms.limit.try_acquire(share):
+        if not ms.gate.try_acquire(share * _capacity(targets), routing.max_concurrency):
             self.tenants.release(tenant)
             return Verdict(False, "model_limit", retry), None
         for i, t in enumerate(ranked):
@@ -403,7 +404,7 @@ class Scorer:
                 if i:
                     ranked.insert(0, ranked.pop(i))
                 return ADMIT, t
-        ms.limit.forget()
+        ms.gate.release()
         self.tenants.release(tenant)
         return Verdict(False, "target_limit", retry), None
 
@@ -429,14 +430,13 @@ class Scorer:
             return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), 0
         ms = self._model(model, routing)
         share = priority_share(slo["shed_priority"] if slo else st.priority)
-        cap = routing.max_concurrency
-        if (cap is not None and ms.limit.inflight >= cap) or not ms.limit.try_acquire(share):
+        if not ms.gate.try_acquire(share * _capacity(targets), routing.max_concurrency):
             self.tenants.release(st)
             self.counters.shed["model_limit"] += 1
             retry = min(hi, max(lo, min(t.p_queue for t in targets)))
             return Verdict(False, "model_limit", retry), 0
         deadline = slo["deadline_ms"] / 1000 if slo else self.config.decision_ttl
-        d = Decision(self.decisions.next_id(), model, st, ms.limit, None, "", {},
+        d = Decision(self.decisions.next_id(), model, st, ms.gate, None, "", {},
                      work_units(payload_bytes), now, now + deadline + self.config.expiry_grace,
                      first_open=False)
         self.decisions.add(d)
@@ -495,25 +495,20 @@ class Scorer:
                 d.first.limit.release(latency, status in DROPPED, now)
         if last:
             self.decisions.close(d.id)
-            self._release(d, latency if ok else None, status in DROPPED, now)
+            self._release(d)
         return True
 
-    def _release(self, d: Decision, latency: float | None, dropped: bool, now: float) -> None:
+    def _release(self, d: Decision) -> None:
+        """Give back the slots a decision still holds."""
         if d.first_open and d.first is not None:
             d.first_open = False
             d.first.limit.forget()
             self.fused.observe_end(d.first_key)
-        if latency is None or latency != latency:
-            if dropped:
-                d.model_limit.release(None, True, now)
-            else:
-                d.model_limit.forget()
-        else:
-            d.model_limit.release(latency, False, now)
+        d.model_gate.release()
         self.tenants.release(d.tenant)
 
     def _expire(self, d: Decision) -> None:
-        self._release(d, None, False, d.expires)
+        self._release(d)
 
     # --- weights (WatchTargets) --------------------------------------------------------------
 

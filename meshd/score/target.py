@@ -11,8 +11,9 @@ Predicted seconds follow the Citadel design's seconds-of-work:
     service = units * spu
     predicted = rtt + (queue + service) * correction
 
-``backlog`` is the larger of what the runtime last reported (queued + executing) and what
-this agent has in flight there (fresher, but only its own share).  A single request runs on
+``backlog`` is the larger of what the runtime last reported (queued + executing, less what it
+has served since it measured) and what this agent has in flight there (fresher, but only its
+own share).  A single request runs on
 one instance, so only the backlog is divided by ``instances``.  ``correction`` is the
 EWMA of observed / predicted latency for this target: telemetry gives the shape, outcomes
 correct its scale (a replica slower than its statistics say, a network hop the coordinates
@@ -80,28 +81,40 @@ class Target:
         outcome reported without a decision (a client balancing on weights) is compared
         with."""
         stats = self.stats
-        backlog = max(self.backlog, stats.limit.inflight)
+        backlog = max(self.p_backlog, stats.limit.inflight)
         return self.rtt, (backlog * stats.units_per_request / self.instances + units) * self.spu
 
-    def predict(self, units: int, own_only: bool = False) -> float:
+    def predict(self, units: int, now: float, own_only: bool = False) -> float:
         """Fill in and return this request's predicted seconds."""
-        predict_all((self,), units, own_only)
+        predict_all((self,), units, now, own_only)
         return self.p_seconds
 
 
-def predict_all(targets: Iterable[Target], units: int, own_only: bool = False) -> None:
-    """Fill in each target's prediction for a request of ``units``; ``own_only`` ignores the
-    runtimes' backlog figures (too old to mean anything).  One loop for all targets: this is
-    the scoring path's inner loop, so it avoids a call per target."""
+def predict_all(targets: Iterable[Target], units: int, now: float,
+                own_only: bool = False) -> None:
+    """Fill in each target's prediction for a request of ``units`` at ``now``.
+
+    The runtime's backlog figure is aged: what it has served since it measured it
+    (``age * instances / seconds per request``) is taken off.  Without that, every router
+    would steer around a replica for as long as its last report said it was busy and pile
+    onto the ones that were idle then (herding on stale signals).  ``own_only`` ignores the
+    figure altogether (too old to mean anything).  One loop for all targets: this is the
+    scoring path's inner loop, so it avoids a call per target."""
     for t in targets:
         stats = t.stats
         inflight = stats.limit.inflight
+        spu = t.spu
+        per_request = stats.units_per_request * spu
         backlog = t.backlog
-        if own_only or backlog < inflight:
+        if own_only:
+            backlog = 0
+        elif backlog and per_request > 0:
+            backlog -= int((now - t.queue_at) * t.instances / per_request + 1e-9)
+        if backlog < inflight:
             backlog = inflight
-        spu = t.spu * stats.correction
-        queue = backlog * stats.units_per_request * spu / t.instances
-        service = units * spu
+        c = stats.correction
+        queue = backlog * per_request * c / t.instances
+        service = units * spu * c
         t.p_backlog = backlog
         t.p_queue = queue
         t.p_service = service
