@@ -74,9 +74,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 from bench.table import (  # noqa: E402
+    Others,
     format_table,
     loadavg,
-    machine_busy_s,
     machine_info,
     print_table,
     proc_cpu_s,
@@ -157,25 +157,6 @@ class GcClock:
             gen = info["generation"]
             self.count[gen] += 1
             self.seconds[gen] += time.perf_counter() - self._t0
-
-
-class Others:
-    """CPU the rest of the machine used during a measurement (others' jobs), in cores."""
-
-    def __init__(self, ours: Callable[[], float]) -> None:
-        self.ours = ours
-        self.t0, self.busy0, self.ours0, self.load0 = (time.monotonic(), machine_busy_s(),
-                                                       ours(), loadavg())
-
-    def done(self) -> dict[str, Any]:
-        wall = time.monotonic() - self.t0
-        busy1 = machine_busy_s()
-        ours = self.ours() - self.ours0
-        other = None
-        if self.busy0 is not None and busy1 is not None and wall > 0:
-            other = max(0.0, busy1 - self.busy0 - ours) / wall
-        return {"wall_s": wall, "our_cores": ours / max(wall, 1e-9), "other_cores": other,
-                "loadavg_before": self.load0, "loadavg_after": loadavg()}
 
 
 # --- the proxies (child processes) --------------------------------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,22 @@ def proc_cpu_s(pid: int) -> float | None:
     except (OSError, IndexError):
         return None
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class Others:
+    """CPU the rest of the machine used during a measurement (others' jobs), in cores."""
+
+    def __init__(self, ours: Callable[[], float]) -> None:
+        self.ours = ours
+        self.t0, self.busy0, self.ours0, self.load0 = (time.monotonic(), machine_busy_s(),
+                                                       ours(), loadavg())
+
+    def done(self) -> dict[str, Any]:
+        wall = time.monotonic() - self.t0
+        busy1 = machine_busy_s()
+        ours = self.ours() - self.ours0
+        other = None
+        if self.busy0 is not None and busy1 is not None and wall > 0:
+            other = max(0.0, busy1 - self.busy0 - ours) / wall
+        return {"wall_s": wall, "our_cores": ours / max(wall, 1e-9), "other_cores": other,
+                "loadavg_before": self.load0, "loadavg_after": loadavg()}

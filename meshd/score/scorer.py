@@ -21,6 +21,7 @@ Order of work for one request (each step can shed, with a reason and a retry-aft
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 import random
@@ -120,11 +121,7 @@ class StrategyTiming:
     def observe(self, seconds: float) -> None:
         self.count += 1
         self.total += seconds
-        for i, bound in enumerate(STRATEGY_BUCKETS):
-            if seconds <= bound:
-                self.buckets[i] += 1
-                return
-        self.buckets[-1] += 1
+        self.buckets[bisect.bisect_left(STRATEGY_BUCKETS, seconds)] += 1
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ answer sooner.  That is what an operator needs before switching a model's strate
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 DIFF_BUCKETS = (-0.1, -0.025, -0.01, -0.0025, -0.001, 0.0, 0.001, 0.0025, 0.01, 0.025, 0.1)
@@ -33,11 +34,7 @@ class ShadowStats:
             return
         self.differed += 1
         self.diff_sum += diff
-        for i, bound in enumerate(DIFF_BUCKETS):
-            if diff <= bound:
-                self.buckets[i] += 1
-                return
-        self.buckets[-1] += 1
+        self.buckets[bisect.bisect_left(DIFF_BUCKETS, diff)] += 1
 
     @property
     def differ_ratio(self) -> float:
