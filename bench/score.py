@@ -23,7 +23,9 @@ Sections (``--only`` keys):
   change moves the fused generation, so the next score rebuilds the model's 64 targets, and
   that call pays for it).  ``--repeats`` runs of ``--calls`` per (strategy, regime), each on
   a fresh mesh and scorer after a warm-up, interleaved; the table gives the median over runs
-  of each quantile (and the range of the p99s).
+  of each quantile (and the range of the p99s).  A calibration row times a fixed pure-Python
+  workload (about 60 us) in the same loop: its p99/p50 is what the machine's jitter alone
+  does to a constant cost.
 
 * ``grpc`` - ``meshd.score_api.serve`` in a child process (its own GIL) over the same
   64-replica mesh (default strategy ``hybrid``; telemetry refreshed at ``--churn``/s so no
@@ -83,6 +85,8 @@ MODEL = "m"
 TARGETS = 64
 PAYLOAD = 1024
 INPROC_P99_BAR_US = 100.0
+JITTER_ITERATIONS = 1200
+"""Loop iterations of the calibration workload (about 60 us on this machine's CPUs)."""
 GRPC_P50_BAR_MS = 1.5
 HEAD = ("measurement", "p50", "p99", "p99.9", "notes", "bar", "result")
 
@@ -252,6 +256,25 @@ def inproc_run(strategy: str, calls: int, churn: float, seed: int,
             "gc_collections": [b - a for a, b in zip(gc0, gc1, strict=True)]}
 
 
+def _fixed_work(n: int) -> float:
+    acc = 0.0
+    for i in range(n):
+        acc += i * 0.5
+    return acc
+
+
+def jitter_run(calls: int, iterations: int) -> dict[str, Any]:
+    """The same timing loop around a fixed pure-Python workload: how much this machine's
+    jitter (other processes, the VM) alone spreads a constant cost's quantiles."""
+    pc = time.perf_counter_ns
+    vals = []
+    for _ in range(calls):
+        t0 = pc()
+        _fixed_work(iterations)
+        vals.append((pc() - t0) / 1000)
+    return {"iterations": iterations, "us": _dist(vals)}
+
+
 def timer_overhead_ns(n: int = 200_000) -> float:
     pc = time.perf_counter_ns
     vals = []
@@ -267,7 +290,9 @@ def inproc_bench(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     watch = Others(_self_cpu)
     overhead = timer_overhead_ns()
+    jitter: list[dict[str, Any]] = []
     for rep in range(args.repeats):
+        jitter.append(jitter_run(args.calls, JITTER_ITERATIONS))
         for strategy in STRATEGIES:
             for churn in churns:
                 r = inproc_run(strategy, args.calls, churn, args.seed + rep, args.warmup)
@@ -277,7 +302,7 @@ def inproc_bench(args: argparse.Namespace) -> dict[str, Any]:
                      f"{r['score_us']['p50']:.1f} p99 {r['score_us']['p99']:.1f} p99.9 "
                      f"{r['score_us']['p999']:.1f} us")
     return {"runs": runs, "timer_overhead_ns": overhead, "cpu": watch.done(),
-            "churns": churns}
+            "churns": churns, "jitter": jitter}
 
 
 # --- gRPC: the server child ---------------------------------------------------------------------
@@ -591,6 +616,12 @@ def build_rows(results: dict[str, Any]) -> list[list[str]]:
                              _us(_median_of(d, "p50")), _us(p99), _us(_median_of(d, "p999")),
                              notes, f"p99 <= {INPROC_P99_BAR_US:g} us",
                              _verdict(p99 <= INPROC_P99_BAR_US)])
+        jd = [j["us"] for j in ip["jitter"]]
+        p50, p99 = _median_of(jd, "p50"), _median_of(jd, "p99")
+        rows.append(["calibration: fixed pure-Python work, same timing loop",
+                     _us(p50), _us(p99), _us(_median_of(jd, "p999")),
+                     f"constant cost; p99/p50 {p99 / p50:.2f} is this machine's jitter alone",
+                     "", "-"])
         churn = ip["churns"][-1]
         regime = "steady" if churn == 0 else f"telemetry {churn:g}/s"
         for strategy in STRATEGIES:

@@ -2,7 +2,8 @@
 for each outcome, what it teaches about its target.
 
 Sans-I/O like the protocol cores: ``now`` is an argument, randomness comes from a seeded
-``random.Random``, and the only clock read is the strategy-budget timer (injectable).  The
+``random.Random``, and the only clock read is the strategy-budget timer (injectable; this
+thread's CPU time, so being preempted does not count against a strategy).  The
 gRPC service (``meshd/score_api.py``), the in-process router and the benchmarks all call
 :meth:`Scorer.score` and :meth:`Scorer.report` directly.
 
@@ -180,7 +181,7 @@ class Scorer:
                  quota_share: Callable[[], float] = lambda: 1.0,
                  config: ScoreConfig | None = None, registry: Registry | None = None,
                  limiter: LimiterConfig | None = None, rng: random.Random | None = None,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.thread_time) -> None:
         self.fused = fused
         self.zone = zone
         self.config = config or ScoreConfig()
@@ -263,6 +264,8 @@ class Scorer:
     def rank(self, targets: list[Target], ctx: Context) -> tuple[list[Target], str]:
         """The active strategy's ranking (or ``p2c``'s, counted, when it cannot give one)."""
         name = ctx.routing.strategy
+        if len(targets) == 1:
+            return targets, name  # nothing to rank
         strat = self.strategy(name)
         counters = self.counters
         if strat is None:

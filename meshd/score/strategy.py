@@ -43,8 +43,8 @@ class Context:
     routing: RoutingConfig
     rng: random.Random
     deadline: float
-    """``time.perf_counter()`` value past which the scorer will discard the answer: a strategy
-    that loops may check it and return what it has."""
+    """Value of the scorer's timer (``time.thread_time()`` by default) past which it will
+    discard the answer: a strategy that loops may check it and return what it has."""
 
 
 @runtime_checkable
