@@ -65,6 +65,7 @@ class MeshClient:
         self._lock = threading.Lock()
         self._rng = rng or random.Random()
         self._closed = False
+        self._reports: set[Any] = set()
 
     # --- targets ----------------------------------------------------------------------------
 
@@ -177,10 +178,13 @@ class MeshClient:
     def _report(self, decision: int, replica: str, latency: float,
                 status: score_pb2.OutcomeStatus,
                 last: bool) -> None:
-        """Fire and forget: the caller never waits for the agent."""
-        self._stub.ReportOutcome.future(score_pb2.OutcomeReport(
+        """Fire and forget: the caller never waits for the agent.  The call is held until it
+        completes (a dropped gRPC future may be cancelled before it is sent)."""
+        fut = self._stub.ReportOutcome.future(score_pb2.OutcomeReport(
             decision_id=decision, replica=replica, latency_seconds=latency, status=status,
             last=last), timeout=5)
+        self._reports.add(fut)
+        fut.add_done_callback(self._reports.discard)
 
     def close(self) -> None:
         self._closed = True
