@@ -75,11 +75,14 @@ sys.path.insert(0, str(ROOT))
 
 from bench.table import (  # noqa: E402
     Others,
+    distribution,
     format_table,
+    git_state,
     loadavg,
     machine_info,
     print_table,
     proc_cpu_s,
+    verdict,
 )
 
 PATHS = ("direct", "proxy", "router")
@@ -97,33 +100,6 @@ HEAD = ("measurement", "value", "bar", "result")
 
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _q(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _dist(values: list[float]) -> dict[str, float]:
-    s = sorted(values)
-    if not s:
-        return {"n": 0}
-    return {"n": len(s), "min": s[0], "p50": _q(s, 0.5), "p90": _q(s, 0.9), "p99": _q(s, 0.99),
-            "p999": _q(s, 0.999), "max": s[-1], "mean": statistics.fmean(s)}
-
-
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
-
-
-def _git() -> dict[str, Any]:
-    def run(*cmd: str) -> str:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout
-        return ""
-
-    dirty = [line[3:] for line in run("status", "--porcelain").splitlines() if line.strip()]
-    return {"commit": run("rev-parse", "HEAD").strip(), "dirty_files": dirty}
 
 
 def _rusage_s() -> float:
@@ -584,7 +560,7 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
                     c1, t1, u1 = cpu_of(path), _triton_cpu(triton), os.times()
                     e = acc[path]
                     e["lat"].extend(lat)
-                    e["rounds"].append(_dist(lat))
+                    e["rounds"].append(distribution(lat))
                     e["cpu_s"] += c1["cpu"] - c0["cpu"]
                     e["loop_cpu_s"] += c1["loop_cpu"] - c0["loop_cpu"]
                     e["gc_s"] += sum(c1["gc_s"]) - sum(c0["gc_s"])
@@ -605,7 +581,7 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
                                    "calls_per_round": calls, "rounds": rounds, "paths": {}}
             for p, e in acc.items():
                 res["paths"][p] = {
-                    "latency_us": _dist(e["lat"]), "round_latency_us": e["rounds"],
+                    "latency_us": distribution(e["lat"]), "round_latency_us": e["rounds"],
                     "calls": e["calls"], "throughput_per_s": e["calls"] / e["wall_s"],
                     "throughput_rounds": e["throughput"],
                     "cpu_ms_per_request": (e["cpu_s"] / e["calls"] * 1000
@@ -728,7 +704,7 @@ def build_rows(results: dict[str, Any]) -> list[list[str]]:
         rows.append([f"added p50 latency, {p} - direct (concurrency 1)",
                      f"{_ms(pooled)} pooled; {_ms(paired)} median of per-round differences",
                      f"<= {ADDED_P50_BAR_MS:g} ms" if bar else "",
-                     _verdict(max(pooled, paired) <= ADDED_P50_BAR_MS * 1000) if bar else "-"])
+                     verdict(max(pooled, paired) <= ADDED_P50_BAR_MS * 1000) if bar else "-"])
     rr = c1["paths"]["router"]["added_p50_us_pooled"] - c1["paths"]["proxy"][
         "added_p50_us_pooled"]
     rows.append(["router - proxy p50 (concurrency 1)", _ms(rr), "", "-"])
@@ -751,7 +727,7 @@ def build_rows(results: dict[str, Any]) -> list[list[str]]:
         rows.append([f"CPU ratio router / proxy, concurrency {phase}",
                      f"{ratio:.2f}x (per-round ratios {min(rr_rounds):.2f}-"
                      f"{max(rr_rounds):.2f}, median {statistics.median(rr_rounds):.2f})",
-                     f"<= {CPU_RATIO_BAR:g}x", _verdict(ratio <= CPU_RATIO_BAR)])
+                     f"<= {CPU_RATIO_BAR:g}x", verdict(ratio <= CPU_RATIO_BAR)])
     for p in PATHS:
         e = c8["paths"][p]
         d = e["latency_us"]
@@ -961,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "router_overhead", "quick": q, "argv": sys.argv,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
-        "loadavg_end": loadavg(), "git": _git(), "wall_s": wall,
+        "loadavg_end": loadavg(), "git": git_state(), "wall_s": wall,
         "setup": {"model": MODEL, "inputs": f"2 x [1, {WIDTH}] FP32", "rounds": args.rounds,
                   "calls": args.calls, "rounds_c8": args.rounds_c8, "calls_c8": args.calls_c8,
                   "warmup": args.warmup, "profile_calls": args.profile_calls,

@@ -72,11 +72,14 @@ sys.path.insert(0, str(ROOT))
 
 from bench.table import (  # noqa: E402
     Others,
+    distribution,
     format_table,
+    git_state,
     loadavg,
     machine_info,
     print_table,
     proc_cpu_s,
+    verdict,
 )
 
 SECTIONS = ("inproc", "grpc")
@@ -98,40 +101,12 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _q(ordered: list[float], q: float) -> float:
-    """Nearest-rank quantile of a sorted non-empty list."""
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _dist(values: list[float]) -> dict[str, float]:
-    s = sorted(values)
-    if not s:
-        return {"n": 0}
-    return {"n": len(s), "min": s[0], "p50": _q(s, 0.5), "p90": _q(s, 0.9), "p99": _q(s, 0.99),
-            "p999": _q(s, 0.999), "max": s[-1], "mean": statistics.fmean(s)}
-
-
 def _median_of(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
 def _us(x: float) -> str:
     return f"{x:.1f} us" if x < 1000 else f"{x / 1000:.2f} ms"
-
-
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
-
-
-def _git() -> dict[str, Any]:
-    def run(*cmd: str) -> str:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout
-        return ""
-
-    dirty = [line[3:] for line in run("status", "--porcelain").splitlines() if line.strip()]
-    return {"commit": run("rev-parse", "HEAD").strip(), "dirty_files": dirty}
 
 
 def _self_cpu() -> float:
@@ -248,8 +223,8 @@ def inproc_run(strategy: str, calls: int, churn: float, seed: int,
     gc1 = [s["collections"] for s in gc.get_stats()]
     c = scorer.counters
     return {"strategy": strategy, "churn_per_s": churn, "calls": calls,
-            "score_us": _dist([x / 1000 for x in score_ns]),
-            "score_report_us": _dist([x / 1000 for x in both_ns]),
+            "score_us": distribution([x / 1000 for x in score_ns]),
+            "score_report_us": distribution([x / 1000 for x in both_ns]),
             "shed": dict(shed), "fallbacks": dict(c.fallbacks),
             "decisions_by_strategy": dict(c.decisions),
             "table_builds": table.builds - builds0, "telemetry_updates": updates,
@@ -272,7 +247,7 @@ def jitter_run(calls: int, iterations: int) -> dict[str, Any]:
         t0 = pc()
         _fixed_work(iterations)
         vals.append((pc() - t0) / 1000)
-    return {"iterations": iterations, "us": _dist(vals)}
+    return {"iterations": iterations, "us": distribution(vals)}
 
 
 def timer_overhead_ns(n: int = 200_000) -> float:
@@ -540,7 +515,7 @@ def grpc_bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 e["server_cpu_s"] += server_cpu() - cpu0
                 e["calls"] += len(lat)
                 e["lat"].extend(lat)
-                e["rounds"].append(_dist(lat))
+                e["rounds"].append(distribution(lat))
                 e["shed"].update(shed)
             _log(f"grpc c=1 round {rnd + 1}/{args.grpc_rounds}: " + ", ".join(
                 f"{k} p50 {v['rounds'][-1]['p50']:.0f} us" for k, v in c1.items()))
@@ -559,7 +534,7 @@ def grpc_bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 e["wall_s"] += wall
                 e["throughput"].append(len(lat) / wall)
                 e["lat"].extend(lat)
-                e["rounds"].append(_dist(lat))
+                e["rounds"].append(distribution(lat))
                 e["shed"].update(shed)
             _log(f"grpc c=8 round {rnd + 1}/{args.grpc_rounds}: " + ", ".join(
                 f"{k} {v['throughput'][-1]:.0f}/s" for k, v in c8.items()))
@@ -573,11 +548,11 @@ def grpc_bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"c1": {}, "c8": {}, "server": server_end,
                            "cpu_c1": cpu_c1, "cpu_c8": cpu_c8}
     for key, e in c1.items():
-        out["c1"][key] = {"latency_us": _dist(e["lat"]), "rounds": e["rounds"],
+        out["c1"][key] = {"latency_us": distribution(e["lat"]), "rounds": e["rounds"],
                           "shed": dict(e["shed"]), "calls": e["calls"],
                           "server_cpu_us_per_decision": e["server_cpu_s"] / e["calls"] * 1e6}
     for key, e in c8.items():
-        out["c8"][key] = {"latency_us": _dist(e["lat"]), "rounds": e["rounds"],
+        out["c8"][key] = {"latency_us": distribution(e["lat"]), "rounds": e["rounds"],
                           "shed": dict(e["shed"]), "calls": e["calls"],
                           "throughput_per_s": e["calls"] / e["wall_s"],
                           "throughput_rounds": e["throughput"],
@@ -615,7 +590,7 @@ def build_rows(results: dict[str, Any]) -> list[list[str]]:
                 rows.append([f"in-process score, {TARGETS} targets, {strategy}, {regime}",
                              _us(_median_of(d, "p50")), _us(p99), _us(_median_of(d, "p999")),
                              notes, f"p99 <= {INPROC_P99_BAR_US:g} us",
-                             _verdict(p99 <= INPROC_P99_BAR_US)])
+                             verdict(p99 <= INPROC_P99_BAR_US)])
         jd = [j["us"] for j in ip["jitter"]]
         p50, p99 = _median_of(jd, "p50"), _median_of(jd, "p99")
         rows.append(["calibration: fixed pure-Python work, same timing loop",
@@ -644,7 +619,7 @@ def build_rows(results: dict[str, Any]) -> list[list[str]]:
                          f"{e['calls']} calls; round p50s {min(r50):.0f}-{max(r50):.0f} us; "
                          f"server CPU {e['server_cpu_us_per_decision']:.0f} us/decision"
                          + (f"; shed {e['shed']}" if e["shed"] else ""),
-                         f"p50 <= {GRPC_P50_BAR_MS:g} ms", _verdict(p50 <= GRPC_P50_BAR_MS)])
+                         f"p50 <= {GRPC_P50_BAR_MS:g} ms", verdict(p50 <= GRPC_P50_BAR_MS)])
         for t, e in gr["c8"].items():
             d = e["latency_us"]
             rows.append([f"gRPC ScoreTargets, {'loopback TCP' if t == 'tcp' else 'Unix socket'},"
@@ -775,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "score", "quick": q, "argv": sys.argv,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
-        "loadavg_end": loadavg(), "git": _git(), "wall_s": wall,
+        "loadavg_end": loadavg(), "git": git_state(), "wall_s": wall,
         "setup": {"targets": TARGETS, "model": MODEL, "payload_bytes": PAYLOAD,
                   "calls": args.calls, "warmup": args.warmup, "repeats": args.repeats,
                   "churn_per_s": args.churn, "grpc_calls": args.grpc_calls,

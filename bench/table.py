@@ -3,8 +3,11 @@ is) and the machine description it records next to its results."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -85,3 +88,35 @@ class Others:
             other = max(0.0, busy1 - self.busy0 - ours) / wall
         return {"wall_s": wall, "our_cores": ours / max(wall, 1e-9), "other_cores": other,
                 "loadavg_before": self.load0, "loadavg_after": loadavg()}
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    """Nearest-rank quantile of a sorted non-empty list."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def distribution(values: list[float]) -> dict[str, float]:
+    s = sorted(values)
+    if not s:
+        return {"n": 0}
+    return {"n": len(s), "min": s[0], "p50": quantile(s, 0.5), "p90": quantile(s, 0.9),
+            "p99": quantile(s, 0.99), "p999": quantile(s, 0.999), "max": s[-1],
+            "mean": statistics.fmean(s)}
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def git_state() -> dict[str, Any]:
+    """The commit a result was measured at, and the files that differed from it."""
+    root = Path(__file__).resolve().parent.parent
+
+    def run(*cmd: str) -> str:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True,
+                                  timeout=10).stdout
+        return ""
+
+    dirty = [line[3:] for line in run("status", "--porcelain").splitlines() if line.strip()]
+    return {"commit": run("rev-parse", "HEAD").strip(), "dirty_files": dirty}

@@ -16,7 +16,9 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from certs import tls
 from meshd.score.scorer import Choice, ScoreError, Scorer, ScoreRequest, Status
+from meshd.settings import is_loopback
 from proto.mesh.v1 import score_pb2, score_pb2_grpc
 
 MAX_TEXT = 256
@@ -153,9 +155,6 @@ async def serve(scorer: Scorer, clock: Callable[[], float], addr: tuple[str, int
     """Start the Score service on ``addr`` (``(host, port)`` or a Unix socket path); returns
     the server and the address it is bound to.  Plaintext only on loopback or a Unix socket,
     else mTLS presenting ``identity()`` and requiring a mesh client certificate."""
-    from certs import tls
-    from meshd.settings import is_loopback
-
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     score_pb2_grpc.add_ScoreServicer_to_server(ScoreService(scorer, clock), server)
     if isinstance(addr, str):

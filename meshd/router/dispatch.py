@@ -55,7 +55,6 @@ class Attempt:
 class Tally:
     """What happened to one request, for metrics."""
 
-    attempts: int = 0
     hedged: bool = False
     hedge_won: bool = False
     failovers: int = 0
@@ -85,7 +84,6 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
                                                           metadata=metadata or None)
         fut: asyncio.Future[bytes] = asyncio.ensure_future(_wait(call))
         pending[fut] = Attempt(choice, hedge, now, call)
-        tally.attempts += 1
 
     def cancel_all(status: Status) -> None:
         now = clock()
@@ -161,7 +159,6 @@ async def _in_turn(raw: bytes, method: str, queue: list[Choice], *, upstreams: U
             report("", 0.0, Status.TIMEOUT, False, True)
             raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
                          f"deadline exceeded after trying {i} replica(s)")
-        tally.attempts += 1
         tally.failovers += i > 0
         call = upstreams.unary(choice.endpoint, method)(
             raw, timeout=None if deadline is None else deadline - started,

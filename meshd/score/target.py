@@ -129,7 +129,6 @@ class ModelTargets:
     built: float
     eligible: list[Target]
     """Targets routing may use, before the per-request staleness and exclusion checks."""
-    spu_prior: float
 
 
 class TargetTable:
@@ -206,7 +205,7 @@ class TargetTable:
             self.by_key[t.key] = t
         if len(self.by_key) > 4 * len(self.stats) + 1024:
             self.by_key = {k: t for k, t in self.by_key.items() if k in self.stats}
-        return ModelTargets(gen, now, eligible, prior)
+        return ModelTargets(gen, now, eligible)
 
     def _target(self, node: str, rep: ReplicaState, sig: NodeSignals,
                 spu: float | None) -> Target:
