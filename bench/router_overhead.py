@@ -58,7 +58,6 @@ import pstats
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -73,6 +72,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
+from bench import child  # noqa: E402
+from bench.child import log  # noqa: E402
 from bench.table import (  # noqa: E402
     Others,
     distribution,
@@ -96,10 +97,6 @@ HEAD = ("measurement", "value", "bar", "result")
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _rusage_s() -> float:
@@ -366,57 +363,16 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
     return server, addr, counters, close, Breakdown(router, scorer)
 
 
-class Child:
-    """A proxy process of this script speaking JSON lines."""
+class Child(child.Child):
+    """A proxy process of this script."""
 
     def __init__(self, kind: str, spec: dict[str, Any], log: Path) -> None:
-        from meshd.devtriton import _pdeathsig_prefix
-
-        self.kind = kind
-        self.log = open(log, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [*_pdeathsig_prefix(), sys.executable, str(Path(__file__).resolve()),
-             f"--{kind}-child", json.dumps(spec)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-        self.info = self.read(60)
-        self.addr = str(self.info["addr"])
-        self.pid = int(self.info["pid"])
-
-    def read(self, timeout: float) -> dict[str, Any]:
-        stdout = self.proc.stdout
-        assert stdout is not None
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not box or not box[0]:
-            raise RuntimeError(f"{self.kind} child said nothing in {timeout:.0f} s (exit "
-                               f"{self.proc.poll()}); log {self.log.name}")
-        return dict(json.loads(box[0]))
-
-    def cmd(self, line: str, timeout: float = 30) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self.read(timeout)
+        super().__init__(__file__, kind, spec, log)
 
     def cpu(self) -> dict[str, Any]:
         """``cpu`` (process, s), ``loop_cpu`` (its event loop's thread, s), ``gc_count`` and
         ``gc_s`` (per generation)."""
         return self.cmd("cpu")
-
-    def stop(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        with contextlib.suppress(Exception):
-            out = self.cmd("stop", 10)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.log.close()
-        return out
 
 
 # --- the clients --------------------------------------------------------------------------------
@@ -573,7 +529,7 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
                     e["calls"] += calls
                     e["wall_s"] += wall
                     e["throughput"].append(calls / wall)
-                _log(f"{phase} round {rnd + 1}/{rounds}: " + ", ".join(
+                log(f"{phase} round {rnd + 1}/{rounds}: " + ", ".join(
                     f"{p} p50 {acc[p]['rounds'][-1]['p50']:.0f} us"
                     + (f" cpu {acc[p]['cpu_per_req_ms'][-1]:.3f} ms" if p in children else "")
                     for p in PATHS))
@@ -881,7 +837,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="meshd-bench-router-"))
     started = time.perf_counter()
-    _log(f"router_overhead{' (quick)' if q else ''}: work dir {workdir}; load average "
+    log(f"router_overhead{' (quick)' if q else ''}: work dir {workdir}; load average "
          f"{loadavg()}")
     results: dict[str, Any] = {}
     failed: list[str] = []
@@ -890,16 +846,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.monotonic()
         triton.start(timeout=180)
-        _log(f"Triton ready in {time.monotonic() - t0:.1f} s at {triton.grpc_url}")
+        log(f"Triton ready in {time.monotonic() - t0:.1f} s at {triton.grpc_url}")
         for kind in ("proxy", "router"):
             children[kind] = Child(kind, {"upstream": triton.grpc_url},
                                    workdir / f"{kind}.log")
-            _log(f"{kind} (pid {children[kind].pid}) on {children[kind].addr}")
+            log(f"{kind} (pid {children[kind].pid}) on {children[kind].addr}")
         try:
             results["measure"] = measure(args, triton, children, workdir)
         except Exception as exc:  # noqa: BLE001 - reported
             failed.append(f"measure: {type(exc).__name__}: {exc}")
-            _log(f"measure FAILED: {exc}")
+            log(f"measure FAILED: {exc}")
         m: Any = results.get("measure")
         missed = bool(m) and any(
             m[ph]["paths"]["router"]["cpu_ms_per_request"]
@@ -907,12 +863,12 @@ def main(argv: list[str] | None = None) -> int:
             for ph in ("c1", "c8"))
         if args.profile or (args.profile is None and missed):
             try:
-                _log("profiling the proxies" + (" (the router missed the CPU bar)"
+                log("profiling the proxies" + (" (the router missed the CPU bar)"
                                                 if missed else ""))
                 results["profile"] = profile(args, triton, children, workdir)
             except Exception as exc:  # noqa: BLE001 - reported
                 failed.append(f"profile: {type(exc).__name__}: {exc}")
-                _log(f"profile FAILED: {exc}")
+                log(f"profile FAILED: {exc}")
     finally:
         results["children_end"] = {k: c.stop() for k, c in children.items()}
         triton.stop()

@@ -212,7 +212,8 @@ def unavailable_reason() -> str | None:
 
 def write_behaviour(control_path: Path, models: dict[str, dict[str, Any]],
                     stopping: bool = False) -> None:
-    """Write a server's control file: ``{"models": {name: {delay_ms, jitter_ms, fail, stall}},
+    """Write a server's control file: ``{"models": {name: {delay_ms, jitter_ms, spike_ms,
+    spike_rate, fail, stall}},
     "stopping": bool}``.
 
     ``stopping`` tells the models the server is about to get SIGTERM: stalled requests end with
@@ -243,15 +244,22 @@ def read_behaviour(control_path: Path) -> dict[str, dict[str, Any]]:
 
 
 def behaviour_entry(delay_ms: float = 0, jitter_ms: float = 0, fail: bool = False,
-                    stall: bool = False) -> dict[str, Any]:
+                    stall: bool = False, spike_ms: float = 0,
+                    spike_rate: float = 0) -> dict[str, Any]:
     """One model's behaviour as stored in the control file ({} = normal); checks the values."""
-    if delay_ms < 0 or jitter_ms < 0:
-        raise ValueError(f"delay_ms and jitter_ms must be >= 0 (got {delay_ms}, {jitter_ms})")
+    if delay_ms < 0 or jitter_ms < 0 or spike_ms < 0:
+        raise ValueError(f"delay_ms, jitter_ms and spike_ms must be >= 0 "
+                         f"(got {delay_ms}, {jitter_ms}, {spike_ms})")
+    if not 0 <= spike_rate <= 1:
+        raise ValueError(f"spike_rate must be in [0, 1] (got {spike_rate})")
     entry: dict[str, Any] = {}
     if delay_ms:
         entry["delay_ms"] = float(delay_ms)
     if jitter_ms:
         entry["jitter_ms"] = float(jitter_ms)
+    if spike_ms and spike_rate:
+        entry["spike_ms"] = float(spike_ms)
+        entry["spike_rate"] = float(spike_rate)
     if fail:
         entry["fail"] = True
     if stall:
@@ -658,16 +666,18 @@ class TritonServer:
     # -- behaviour
 
     def set_behaviour(self, model: str, delay_ms: float = 0, jitter_ms: float = 0,
-                      fail: bool = False, stall: bool = False, wait: bool = True) -> None:
+                      fail: bool = False, stall: bool = False, wait: bool = True,
+                      spike_ms: float = 0, spike_rate: float = 0) -> None:
         """Change how ``model`` behaves on this server, while it runs; all defaults = normal.
 
-        ``delay_ms`` is added to each request's service time, plus ``uniform(0, jitter_ms)``;
+        ``delay_ms`` is added to each request's service time, plus ``uniform(0, jitter_ms)``,
+        plus ``spike_ms`` on a random ``spike_rate`` share of requests;
         ``fail`` makes each request return an error; ``stall`` holds requests (and so queues
         the ones behind them) until the behaviour changes, or 60 s. Only models that read the
         control file honour it (``delay`` in ``tests/triton_models``). With ``wait`` (default)
         this returns after the models' refresh interval, so the next request sees the change.
         Kept across :meth:`restart`."""
-        entry = behaviour_entry(delay_ms, jitter_ms, fail, stall)
+        entry = behaviour_entry(delay_ms, jitter_ms, fail, stall, spike_ms, spike_rate)
         with self._lock:
             if entry:
                 self._behaviours[model] = entry

@@ -182,6 +182,16 @@ def test_delay_model_answers_and_slows_down_on_demand(triton_server: TritonServe
     assert infer_delay(triton_server) < 0.5
 
 
+def test_delay_model_spikes_on_the_requested_share(triton_server: TritonServer) -> None:
+    triton_server.set_behaviour("delay", spike_ms=300, spike_rate=1.0)
+    assert infer_delay(triton_server) >= 0.3
+    triton_server.set_behaviour("delay", spike_ms=300, spike_rate=0.0)  # rate 0: no spike
+    assert infer_delay(triton_server) < 0.3
+    triton_server.clear_behaviour("delay")
+    with pytest.raises(ValueError, match="spike_rate"):
+        triton_server.set_behaviour("delay", spike_ms=10, spike_rate=1.5)
+
+
 def test_delay_model_fails_on_demand(triton_server: TritonServer) -> None:
     triton_server.set_behaviour("delay", fail=True)
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)

@@ -5,14 +5,17 @@ bytes. Each request takes
 
     base_delay_ms + per_32kib_ms * bytes / 32 KiB            (model config parameters)
     + delay_ms + uniform(0, jitter_ms)                        (behaviour control file)
+    + spike_ms, on a random spike_rate share of requests      (behaviour control file)
 
 The behaviour control file is JSON, ``{"models": {"<model name>": {"delay_ms": 0,
-"jitter_ms": 0, "fail": false, "stall": false}}, "stopping": false}``, at the path in the
+"jitter_ms": 0, "spike_ms": 0, "spike_rate": 0, "fail": false, "stall": false}},
+"stopping": false}``, at the path in the
 environment variable
 ``MESHD_DEVTRITON_CONTROL`` (set by meshd.devtriton for each server, so every server has its own
 and the test process can change a running replica). The file is re-read at most every 50 ms,
 when a request comes, so the per-request cost stays a clock read. ``fail`` answers each request
-with an error; ``stall`` holds requests until it is cleared (giving up with an error after
+with an error; ``spike_ms`` / ``spike_rate`` make rare long requests (a GC pause, a page
+fault storm: the tail that hedging is for); ``stall`` holds requests until it is cleared (giving up with an error after
 60 s). ``stopping`` (set just before the server is sent SIGTERM) ends stalls and long delays at
 once, so Triton can drain and exit instead of waiting for them. Without the variable or the
 file the model just uses its config parameters.
@@ -83,6 +86,9 @@ class TritonPythonModel:
         jitter_ms = float(behaviour.get("jitter_ms", 0))
         if jitter_ms > 0:
             delay += random.uniform(0.0, jitter_ms) / 1e3
+        spike_rate = float(behaviour.get("spike_rate", 0))
+        if spike_rate > 0 and random.random() < spike_rate:
+            delay += float(behaviour.get("spike_ms", 0)) / 1e3
         end = started + delay
         while not self.stopping:
             remaining = end - time.monotonic()
