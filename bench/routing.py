@@ -137,7 +137,16 @@ async def _router_child(spec: dict[str, Any]) -> int:
                         else None)
         server, router, addr = await router_server.serve(
             scorer, loop.time, ("127.0.0.1", 0), dev=True, identity=lambda: None)
-        case.update(server=server, router=router, scorer=scorer)
+        attempts: list[tuple[str, float, str, bool]] = []
+        report = scorer.report
+
+        def recorded(decision_id: int, replica: str, latency: float, status: Any,
+                     now: float, **kw: Any) -> bool:
+            attempts.append((replica, latency, status.name, kw.get("hedge", False)))
+            return report(decision_id, replica, latency, status, now, **kw)
+
+        scorer.report = recorded  # type: ignore[method-assign]
+        case.update(server=server, router=router, scorer=scorer, attempts=attempts)
         return {"addr": addr}
 
     async def finish() -> dict[str, Any]:
@@ -145,7 +154,19 @@ async def _router_child(spec: dict[str, Any]) -> int:
         await case["server"].stop(1)
         await router.close()
         s = scorer.counters
-        return {"router": dataclasses.asdict(router.counters),
+        by_target: dict[str, dict[str, Any]] = {}
+        for replica, latency, status, hedge in case["attempts"]:
+            if not replica:
+                continue
+            t = by_target.setdefault(replica.split("/")[0], {"ok": [], "hedge_ok": [],
+                                                             "status": Counter()})
+            t["status"][status + ("/hedge" if hedge else "")] += 1
+            if status == "OK":
+                t["hedge_ok" if hedge else "ok"].append(latency * 1e3)
+        attempts = {k: {"status": dict(v["status"]), "ok_ms": distribution(v["ok"]),
+                        "hedge_ok_ms": distribution(v["hedge_ok"])}
+                    for k, v in sorted(by_target.items())}
+        return {"router": dataclasses.asdict(router.counters), "attempts": attempts,
                 "scorer": {"shed": dict(s.shed), "fallbacks": dict(s.fallbacks),
                            "decisions": dict(s.decisions), "degraded": s.degraded,
                            "hedges_offered": s.hedges_offered, "hedges_sent": s.hedges_sent}}

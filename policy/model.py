@@ -76,8 +76,10 @@ requests for a model are ranked, admitted and hedged (meshd/score/):
         out; when every target is that old, decisions fall back to this agent's own
         observations (``degraded``).
     hedge_budget (number in [0, 1], default 0.05): hedges as a share of requests, at most.
-    hedge_quantile (number in [0.5, 0.999], default 0.95): hedge after this quantile of the
-        target's observed latency.
+    hedge_quantile (number in [0.5, 0.999], default 0.99): hedge after this quantile of the
+        target's observed latency, or after 3x the request's prediction if that is sooner.
+        Not lower by default: at p95 the ordinary tail alone spends a 5% budget, leaving no
+        hedges for the stalls they are for.
     randomization (number in [0, 1], default 0.1): ``hybrid``'s bounded jitter, as a share of
         the best predicted seconds, so many routers do not herd onto one replica.
     zone_penalty_ms (number >= 0, default 2): added to targets outside the router's zone.
@@ -185,7 +187,7 @@ SPECS: Mapping[str, Object] = {
         "stale_after_ms": Field(Number(gt=0, le=3_600_000), 10_000.0,
                                 "older queue figures are left out (ms)"),
         "hedge_budget": Field(Number(ge=0, le=1), 0.05, "hedges per request, at most"),
-        "hedge_quantile": Field(Number(ge=0.5, le=0.999), 0.95,
+        "hedge_quantile": Field(Number(ge=0.5, le=0.999), 0.99,
                                 "hedge after this latency quantile"),
         "randomization": Field(Number(ge=0, le=1), 0.1, "hybrid's bounded jitter"),
         "zone_penalty_ms": Field(Number(ge=0, le=60_000), 2.0, "cost of leaving the zone (ms)"),

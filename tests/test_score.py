@@ -312,26 +312,30 @@ def test_shadow_counts_how_often_and_how_much_picks_differ() -> None:
 def test_full_targets_move_down_and_then_shed_with_retry_after() -> None:
     mesh = Mesh()
     mesh.node("a", rep("a:1", spu=0.001))
-    mesh.node("b", rep("b:1", spu=0.01))
+    mesh.node("b", rep("b:1", spu=0.006))
     mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
     from meshd.score.limiter import LimiterConfig
     s = mesh.scorer(limiter=LimiterConfig(initial=3, min_limit=3, max_limit=3))
     got = [s.score(ScoreRequest("m"), NOW) for _ in range(6)]
-    # priority 5 may fill 0.78 of a limit: 3 per target (in flight 0, 1, 2 < 2.33); a is so
-    # much faster that it stays first in the ranking, so b takes the next ones; the model's
-    # limit is its targets' summed (0.78 * 6 = 4.67): the sixth is shed there
-    assert [names(o)[0] for o in got[:5]] == ["a:1"] * 3 + ["b:1"] * 2
+    # priority 5 may fill 0.78 of a limit: 3 per target (in flight 0, 1, 2 < 2.33).  a stays
+    # first in the ranking (4 ms with 3 queued, b 6 ms); full, it passes the 4th to b, which
+    # is within 2x of it; the 5th would wait 12 ms at b, so a overdraws its limit instead.
+    # The model's limit is its targets' summed (0.78 * 6 = 4.67): the sixth is shed there.
+    assert [names(o)[0] for o in got[:5]] == ["a:1"] * 3 + ["b:1", "a:1"]
     assert [o.verdict.admit for o in got] == [True] * 5 + [False]
     assert got[5].verdict.reason == "model_limit"
     assert 0.01 <= got[5].verdict.retry_after <= 5
-    # with one target returned per decision, a full first target is shed as such
+    # one fast target and two far slower ones, one target returned per decision: the fast
+    # one overdraws its limit up to 2x (in flight 3, 4 < 4.67), then sheds as full
+    mesh.node("b", rep("b:1", spu=0.05))
+    mesh.node("c", rep("c:1", spu=0.05))
     mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0, "max_targets": 1})
     s = mesh.scorer(limiter=LimiterConfig(initial=3, min_limit=3, max_limit=3))
-    got = [s.score(ScoreRequest("m"), NOW) for _ in range(4)]
-    assert [o.verdict.admit for o in got] == [True] * 3 + [False]
-    assert got[3].verdict.reason == "target_limit"
+    got = [s.score(ScoreRequest("m"), NOW) for _ in range(6)]
+    assert [names(o)[0] for o in got[:5]] == ["a:1"] * 5
+    assert [o.verdict.admit for o in got] == [True] * 5 + [False]
+    assert got[5].verdict.reason == "target_limit"
     assert s.counters.shed["target_limit"] == 1
-
 
 def test_priority_shares_the_limit() -> None:
     mesh = Mesh()
@@ -458,10 +462,55 @@ def test_unreported_decisions_expire_and_release() -> None:
     assert not s.report(out.decision_id, out.targets[0].replica, 0.1, Status.OK, NOW + 7)
 
 
-def test_hedge_after_follows_the_observed_quantile() -> None:
+def test_hedge_after_is_capped_by_the_prediction() -> None:
+    """A replica that stalls now and then has a tail inflated by its stalls: its requests
+    are hedged once three times later than predicted, not at that tail."""
     mesh = Mesh()
     mesh.node("a", rep("a:1", spu=0.001))
-    mesh.node("b", rep("b:1", spu=0.002))
+    mesh.node("b", rep("b:1", spu=0.001))
+    mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
+    s = mesh.scorer()
+    for key in ("a:1/m/1", "b:1/m/1"):
+        window = s.table.stats_for(key).latency
+        for i in range(200):
+            window.add(0.5 if i % 50 == 0 else 0.001)  # 2% of 500 ms stalls: p99 is 0.5 s
+        window.refresh()
+        assert window.quantile(0.99) == 0.5
+    out = s.score(ScoreRequest("m"), NOW)
+    assert out.targets[0].replica in ("a:1/m/1", "b:1/m/1")
+    assert out.hedge_after == pytest.approx(3 * out.targets[0].predicted)
+    assert out.hedge_after < 0.01
+
+
+def test_a_silent_target_looks_busier_the_longer_it_stays_silent() -> None:
+    """A stall shows in no statistic until it ends: a target that has answered none of the
+    requests sent to it for several service times gets its silence added to its queue."""
+    mesh = Mesh()
+    mesh.node("a", rep("a:1", spu=0.005))
+    mesh.node("b", rep("b:1", spu=0.010))
+    mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
+    s = mesh.scorer()
+    first = s.score(ScoreRequest("m"), NOW)
+    assert first.targets[0].replica == "a:1/m/1"
+    quiet = s.score(ScoreRequest("m", exclude=("b",)), NOW + 0.01)  # a: 2 waiting
+    a = s.table.by_key["a:1/m/1"]
+    a.predict(1, NOW + 0.01)
+    assert a.p_queue == pytest.approx(2 * 0.005)  # 10 ms of silence is 2 gaps: no stall yet
+    a.predict(1, NOW + 0.2)
+    assert a.p_queue == pytest.approx(2 * 0.005 + 0.2)  # 200 ms without an answer: a stall
+    assert s.score(ScoreRequest("m"), NOW + 0.2).targets[0].replica == "b:1/m/1"
+    s.report(first.decision_id, "a:1/m/1", 0.2, Status.OK, NOW + 0.2)  # it answers
+    a.predict(1, NOW + 0.201)
+    assert a.p_queue < 0.05
+    s.report(quiet.decision_id, "a:1/m/1", 0.2, Status.OK, NOW + 0.21)
+    a.predict(1, NOW + 5)
+    assert a.p_queue == 0.0  # nothing waiting: idle, not silent
+
+
+def test_hedge_after_follows_the_observed_quantile() -> None:
+    mesh = Mesh()
+    mesh.node("a", rep("a:1", spu=0.05))  # predictions far above the quantile tested
+    mesh.node("b", rep("b:1", spu=0.1))
     mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0,
                                     "hedge_quantile": 0.9})
     s = mesh.scorer()
@@ -474,9 +523,10 @@ def test_hedge_after_follows_the_observed_quantile() -> None:
         s.report(o.decision_id, o.targets[0].replica, 0.001 * (i + 1), Status.OK, NOW)
     s.table.stats[key].latency.refresh()
     out = s.score(ScoreRequest("m"), NOW)
+    assert out.targets[0].replica == key and 3 * out.targets[0].predicted > 0.1
     assert out.hedge_after == pytest.approx(0.09, abs=0.002)
     assert s.score(ScoreRequest("m", idempotent=False), NOW).hedge_after == 0
-    mesh.put("SloClass", "fixed", {"deadline_ms": 100, "hedge_after_ms": 20})
+    mesh.put("SloClass", "fixed", {"deadline_ms": 1000, "hedge_after_ms": 20})
     assert s.score(ScoreRequest("m", slo_class="fixed"), NOW).hedge_after == 0.02
     mesh.put("SloClass", "never", {"deadline_ms": 100, "hedging": False})
     assert s.score(ScoreRequest("m", slo_class="never"), NOW).hedge_after == 0

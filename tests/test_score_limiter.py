@@ -93,7 +93,7 @@ def test_gradient_never_sheds_more_than_half_per_sample() -> None:
     before = lim.limit
     fill(lim)
     lim.release(1e6, False, 0.0)
-    assert lim.limit == pytest.approx(before * 0.5 + math.sqrt(before))
+    assert lim.limit == pytest.approx(before * 0.5 + max(4.0, math.sqrt(before)))
 
 
 def test_recovers_after_an_overload() -> None:
@@ -109,17 +109,17 @@ def test_recovers_after_an_overload() -> None:
 
 
 def test_never_leaves_bounds() -> None:
-    # min_limit 5 is above the gradient's own floor (limit = limit / 2 + sqrt(limit) at 4).
-    lim = AdaptiveLimit(LimiterConfig(initial=10.0, min_limit=5.0, max_limit=50.0))
+    # min_limit 9 is above the gradient's own floor (limit = limit / 2 + queue_size at 8).
+    lim = AdaptiveLimit(LimiterConfig(initial=10.0, min_limit=9.0, max_limit=50.0))
     saturated(lim, 0.001, 1000)
     assert lim.limit == 50.0  # exactly
     saturated(lim, 10.0, 100)
-    assert lim.limit == 5.0
+    assert lim.limit == 9.0
     saturated(lim, 0.001, 1000)
     for _ in range(100):
         lim.try_acquire()
         lim.release(None, True, 0.0)
-    assert lim.limit == 5.0
+    assert lim.limit == 9.0
 
 
 def test_drops_shrink_multiplicatively_without_a_sample() -> None:
@@ -242,3 +242,13 @@ def test_property_any_sequence_keeps_invariants(
         assert math.isfinite(lim.short_rtt) and lim.short_rtt >= 0.0
         assert math.isfinite(lim.long_rtt) and lim.long_rtt >= 0.0
         assert lim.headroom() == lim.limit - lim.inflight
+
+
+def test_over_lets_the_caller_overdraw_boundedly() -> None:
+    lim = AdaptiveLimit(LimiterConfig(initial=4.0))
+    assert sum(lim.try_acquire() for _ in range(10)) == 4
+    assert sum(lim.try_acquire(1.0, 2.0) for _ in range(10)) == 4
+    assert lim.inflight == 8 and lim.headroom() == -4.0
+    for bad in (0.5, 0.0, math.nan):
+        with pytest.raises(ValueError):
+            lim.try_acquire(1.0, bad)

@@ -215,7 +215,8 @@ class KServeRouter:
             reply = await dispatch(raw, "ModelInfer", scored.targets, scored.hedge_after,
                                    upstreams=self.upstreams, report=report, clock=clock,
                                    deadline=None if remaining is None else now + remaining,
-                                   metadata=passed, tally=tally)
+                                   metadata=passed, tally=tally,
+                                   stalled=lambda r: scorer.stalled(r, clock()))
         except Failed as exc:
             c.failed[exc.code.name] = c.failed.get(exc.code.name, 0) + 1
             await context.abort(exc.code, exc.details)

@@ -24,7 +24,7 @@ class RoutingConfig:
     stale_after: float = 10.0
     """Seconds; ``stale_after_ms`` in the policy."""
     hedge_budget: float = 0.05
-    hedge_quantile: float = 0.95
+    hedge_quantile: float = 0.99
     randomization: float = 0.1
     zone_penalty: float = 0.002
     """Seconds; ``zone_penalty_ms`` in the policy."""
@@ -80,6 +80,14 @@ class ScoreConfig:
     """The ratio's clamp.  Wide enough for outcomes to overrule telemetry that is wrong (a
     replica slowed by something its statistics do not show yet), bounded so one burst of
     outliers cannot make a target look unusable forever."""
+
+    correction_step: float = 2.0
+    """One outcome's ratio is first clamped to within this factor of the current correction,
+    so the correction moves by at most ``correction_weight * (step - 1)`` of itself per
+    outcome.  A lasting change still gets through in a few dozen outcomes; the handful of
+    requests queued behind a stall (each 10-50x its prediction) no longer make a healthy
+    replica look several times slower for seconds after it (``bench/routing``: they pushed
+    load onto the slowest replica, whose queue then set the p99)."""
 
     retry_after_bounds: tuple[float, float] = (0.01, 5.0)
     """Seconds: retry-after hints are kept in this range."""

@@ -3,11 +3,12 @@
 A fixed ``max_concurrency`` is either too low (a fast replica idles) or too high (a slow one
 queues until requests time out).  Instead the limit follows latency: while the recent RTT
 (short-term EWMA) stays within ``tolerance`` of the long-term RTT (the replica's unloaded
-baseline, as far as we can tell), the limit grows by ``smoothing * sqrt(limit)`` per sample;
-once the recent RTT exceeds it, queueing has started and the limit shrinks in proportion (by
-at most half per sample, smoothed).  A latency that lasts becomes the new baseline as the
-long-term RTT follows it, so the limit grows back (Gradient2 by design: the limiter finds the
-concurrency at which latency stops rising, it does not defend an absolute latency).  Drops
+baseline, as far as we can tell), the limit grows by ``smoothing * max(queue_size,
+sqrt(limit))`` per sample; once the recent RTT exceeds it, queueing has started and the limit
+shrinks in proportion (by at most half per sample, smoothed).  A latency that lasts becomes
+the new baseline as the long-term RTT follows it, so the limit grows back (Gradient2 by
+design: the limiter finds the concurrency at which latency stops rising, it does not defend
+an absolute latency).  Drops
 (timeouts, overload, UNAVAILABLE) carry no usable RTT, so they back off multiplicatively.
 
 Pure logic: the caller counts requests in and out and passes latencies in seconds; ``now`` is
@@ -33,8 +34,9 @@ class LimiterConfig:
     that a cold, slow replica is not buried before the first latencies come back."""
     min_limit: float = 2.0
     """The floor: at least two requests, so one slow request cannot stall a target and the
-    limiter keeps getting samples to recover from.  Latency alone brings the limit down to 4
-    at most (where ``limit / 2 + sqrt(limit) == limit``); only drops take it lower."""
+    limiter keeps getting samples to recover from.  Latency alone brings the limit down to
+    ``2 * queue_size`` at most (where ``limit / 2 + queue_size == limit``); only drops take it
+    lower."""
     max_limit: float = 1000.0
     """The ceiling: bounds the damage while latency looks deceptively flat (e.g. a replica that
     fails fast)."""
@@ -49,6 +51,12 @@ class LimiterConfig:
     short_window: int = 10
     """Samples the short-term RTT averages over: short enough to see queueing within a batch
     or two, long enough that one outlier does not halve the limit."""
+    queue_size: float = 4.0
+    """Headroom added to each estimate (``max(queue_size, sqrt(limit))``; Gradient2's
+    default).  It is the queue the target may hold beyond the concurrency at which latency
+    rises: a single-instance replica's latency rises with its second request, and with only
+    ``sqrt(limit)`` its limit fell to 4 and shed Poisson bursts and the load a stalled peer
+    left behind at 80% utilization (measured in ``bench/routing``)."""
     backoff_ratio: float = 0.9
     """Factor applied to the limit on each drop (timeout, overload, UNAVAILABLE).  Each drop
     counts: a burst of timeouts means the target is overloaded now."""
@@ -62,6 +70,8 @@ class LimiterConfig:
             raise ValueError("tolerance must be >= 1 and finite")
         if not 1 <= self.short_window <= self.long_window:
             raise ValueError("need 1 <= short_window <= long_window")
+        if not 0.0 <= self.queue_size < _INF:
+            raise ValueError("queue_size must be >= 0 and finite")
         if not 0.0 < self.backoff_ratio <= 1.0:
             raise ValueError("backoff_ratio must be in (0, 1]")
 
@@ -75,7 +85,7 @@ class AdaptiveLimit:
     """
 
     __slots__ = ("limit", "inflight", "short_rtt", "long_rtt", "_min", "_max", "_smoothing",
-                 "_tolerance", "_backoff", "_short_alpha", "_long_alpha", "_n", "_n_cap")
+                 "_tolerance", "_backoff", "_queue", "_short_alpha", "_long_alpha", "_n", "_n_cap")
 
     def __init__(self, config: LimiterConfig = LimiterConfig()) -> None:
         self.limit: float = config.initial
@@ -88,22 +98,27 @@ class AdaptiveLimit:
         self._smoothing = config.smoothing
         self._tolerance = config.tolerance
         self._backoff = config.backoff_ratio
+        self._queue = config.queue_size
         self._short_alpha = 2.0 / (config.short_window + 1)
         self._long_alpha = 2.0 / (config.long_window + 1)
         self._n = 0
         """Samples seen, counted up to ``_n_cap`` (where ``1/n`` no longer matters)."""
         self._n_cap = config.long_window + 1
 
-    def try_acquire(self, share: float = 1.0) -> bool:
-        """Admit one request if fewer than ``limit * share`` are in flight.
+    def try_acquire(self, share: float = 1.0, over: float = 1.0) -> bool:
+        """Admit one request if fewer than ``limit * share * over`` are in flight.
 
         ``share`` in (0, 1] keeps headroom for higher priorities: a request allowed only 0.8 of
         the limit is refused while the last 20% is left to those allowed all of it.  An idle
-        target admits any share, so low priorities are never starved outright.
+        target admits any share, so low priorities are never starved outright.  ``over`` >= 1
+        lets the caller overdraw the limit (the scorer does, boundedly, rather than send a
+        request to a target predicted to take far longer).
         """
         if not 0.0 < share <= 1.0:
             raise ValueError("share must be in (0, 1]")
-        if self.inflight < self.limit * share:
+        if not over >= 1.0:
+            raise ValueError("over must be >= 1")
+        if self.inflight < self.limit * share * over:
             self.inflight += 1
             return True
         return False
@@ -174,6 +189,7 @@ class AdaptiveLimit:
             gradient = 0.5
         else:
             gradient = scaled / short
-        new_limit = limit * gradient + sqrt(limit)
+        root = sqrt(limit)
+        new_limit = limit * gradient + (root if root > self._queue else self._queue)
         limit += self._smoothing * (new_limit - limit)
         self.limit = self._min if limit < self._min else self._max if limit > self._max else limit

@@ -151,6 +151,13 @@ class ModelState:
     ratio: float
 
 
+OVERFLOW_FACTOR = 2.0
+"""A request goes past a full target only to one predicted to take at most this many times
+as long as the best."""
+OVERDRAFT = 2.0
+"""How far over its adaptive limit the best target may go when no target near it has room."""
+
+
 def _capacity(targets: list[Target]) -> float:
     """The model's limit: the sum of its targets' adaptive limits."""
     total = 0.0
@@ -373,6 +380,15 @@ class Scorer:
         self.fused.observe_start(first.key, now)
         return Scored([_choice(t) for t in ranked], ADMIT, delay, d.id, used, degraded)
 
+    @staticmethod
+    def _sent(ranked: list[Target], i: int, now: float) -> Target:
+        """``ranked[i]`` took the request: it moves to the front."""
+        t = ranked[i]
+        t.stats.sent(now)
+        if i:
+            ranked.insert(0, ranked.pop(i))
+        return t
+
     def _slo(self, name: str) -> dict[str, Any] | None:
         if not name:
             return None
@@ -399,11 +415,24 @@ class Scorer:
         if not ms.gate.try_acquire(share * _capacity(targets), routing.max_concurrency):
             self.tenants.release(tenant)
             return Verdict(False, "model_limit", retry), None
+        # The best target with room, among those predicted to be nearly as quick as the best:
+        # a full fast replica must not overflow onto one predicted to take many times longer
+        # (bench/routing: the 5x replica's queue, filled that way, set the p99).  Failing
+        # that, the best target overdraws its limit, boundedly; then any target with room
+        # (slow beats shed); the model's limit, which admitted the request, is what sheds.
+        worst = ranked[0].p_seconds * OVERFLOW_FACTOR
+        near = len(ranked)
         for i, t in enumerate(ranked):
+            if i and t.p_seconds > worst:
+                near = i
+                break
             if t.stats.limit.try_acquire(share):
-                if i:
-                    ranked.insert(0, ranked.pop(i))
-                return ADMIT, t
+                return ADMIT, self._sent(ranked, i, now)
+        if ranked[0].stats.limit.try_acquire(share, OVERDRAFT):
+            return ADMIT, self._sent(ranked, 0, now)
+        for i in range(near, len(ranked)):
+            if ranked[i].stats.limit.try_acquire(share):
+                return ADMIT, self._sent(ranked, i, now)
         ms.gate.release()
         self.tenants.release(tenant)
         return Verdict(False, "target_limit", retry), None
@@ -463,10 +492,13 @@ class Scorer:
             elif not ok and status != Status.CANCELLED:
                 stats.failures += 1
             started = d is not None and d.first_open and d.first_key == replica
+            sent_at = now - latency if latency == latency else now
             if status == Status.CANCELLED:
+                stats.cancelled(sent_at)
                 if started:
                     self.fused.observe_end(replica)
             else:
+                stats.answered(now, sent_at)
                 self.fused.observe_outcome(replica, latency, ok, now, started=started)
         pred = d.predicted.get(replica) if d is not None else None
         if pred is None and stats is not None and ok:
@@ -475,9 +507,12 @@ class Scorer:
                 pred = target.work(stats.units_per_request)
         if stats is not None and ok and latency == latency and pred is not None and pred[1] > 0:
             ratio = max(0.0, latency - pred[0]) / pred[1]
-            lo, hi = self.config.correction_bounds
+            cfg = self.config
+            lo, hi = cfg.correction_bounds
+            c = stats.correction
+            lo, hi = max(lo, c / cfg.correction_step), min(hi, c * cfg.correction_step)
             ratio = min(hi, max(lo, ratio))
-            stats.correction += self.config.correction_weight * (ratio - stats.correction)
+            stats.correction = c + cfg.correction_weight * (ratio - c)
         if d is None:
             if decision_id:  # 0: a client balancing on WatchTargets weights, no decision
                 counters.unknown_outcomes += 1
@@ -511,6 +546,12 @@ class Scorer:
         self._release(d)
 
     # --- weights (WatchTargets) --------------------------------------------------------------
+
+    def stalled(self, replica: str, now: float) -> bool:
+        """Whether ``replica`` has stopped answering (see :meth:`Target.silent`): a late
+        request there is worth a hedge; one late in a queue that is moving mostly is not."""
+        target = self.table.by_key.get(replica)
+        return target is not None and target.silent(now)
 
     def weights(self, model: str, revision: str, now: float) -> tuple[list[tuple[Choice, float]],
                                                                        bool]:

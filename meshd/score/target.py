@@ -18,6 +18,12 @@ one instance, so only the backlog is divided by ``instances``.  ``correction`` i
 EWMA of observed / predicted latency for this target: telemetry gives the shape, outcomes
 correct its scale (a replica slower than its statistics say, a network hop the coordinates
 miss).
+
+A stall shows in no statistic until it ends, so one more term: when the target has answered
+none of this agent's requests for longer than ``STALL_GAPS`` times the expected gap between
+two answers, the time it has been silent is added to its queue - a stall that has lasted
+``s`` seconds is expected to last about as long again - and new requests go elsewhere
+within a few service times instead of queueing behind it.
 """
 
 from __future__ import annotations
@@ -35,6 +41,12 @@ from meshd.signal_wire import NodeSignals
 
 EXCLUDING_FLAGS = frozenset({"cordoned", "draining", "quarantined"})
 """Node flags that take a node's replicas out of routing."""
+STALL_GAPS = 4.0
+"""Expected gaps between two answers a target may stay silent (with requests waiting) before
+its silence is added to its predicted queue.  Lower reacts sooner to a stall and mistakes
+more ordinary jitter for one."""
+STALL_MIN = 0.002
+"""Seconds of silence never taken for a stall (timer and scheduling noise)."""
 
 
 @dataclass(slots=True)
@@ -48,6 +60,49 @@ class TargetStats:
     """EWMA of the work units of requests sent here (converts a backlog count to work)."""
     failures: int = 0
     outcomes: int = 0
+    waiting_since: float = 0.0
+    """While requests this agent sent here are in flight: since when the target has answered
+    none of them (its last answer, or the first send after it was idle).  Every answer moves
+    it, so a long silence means the target has stopped making progress - a stall that no
+    statistic shows until it ends."""
+
+    orphans: int = 0
+    """Requests cancelled here (a hedge won elsewhere, the client left) that the target is
+    presumably still working through: a runtime seldom drops a request it has queued
+    (Triton's Python backend runs every one), so the work stays after this agent stops
+    counting it in flight.  Without them a replica that just stalled looked idle once its
+    requests were hedged away, and took new ones behind its leftover queue."""
+    orphans_sent: float = 0.0
+    """When the latest orphan was sent: an answer to a later request means (FIFO) the
+    orphans are done."""
+
+    def sent(self, now: float) -> None:
+        """A request was admitted to the target (its in-flight count already includes it)."""
+        if self.limit.inflight <= 1:
+            self.waiting_since = now
+
+    def answered(self, now: float, sent_at: float) -> None:
+        """The target answered a request sent at ``sent_at`` (success or error)."""
+        self.waiting_since = now
+        if self.orphans and sent_at >= self.orphans_sent:
+            self.orphans = 0
+
+    def cancelled(self, sent_at: float) -> None:
+        """A request sent here at ``sent_at`` was cancelled."""
+        self.orphans += 1
+        if sent_at > self.orphans_sent:
+            self.orphans_sent = sent_at
+
+    def orphan_backlog(self, now: float, per_request: float, instances: int) -> int:
+        """Orphans not yet worked off, at the target's usual pace since the later of its last
+        answer and the latest orphan (so they cannot make a target look busy forever)."""
+        n = self.orphans
+        if not n or per_request <= 0:
+            return n
+        since = self.waiting_since if self.waiting_since > self.orphans_sent \
+            else self.orphans_sent
+        n -= int((now - since) * instances / per_request)
+        return n if n > 0 else 0
 
 
 @dataclass(slots=True, eq=False)
@@ -84,6 +139,16 @@ class Target:
         backlog = max(self.p_backlog, stats.limit.inflight)
         return self.rtt, (backlog * stats.units_per_request / self.instances + units) * self.spu
 
+    def silent(self, now: float) -> bool:
+        """Whether requests wait here and the target has not answered any for longer than
+        ``STALL_GAPS`` expected gaps: stalled, as far as this agent can tell."""
+        stats = self.stats
+        if not stats.limit.inflight:
+            return False
+        silent = now - stats.waiting_since
+        gap = stats.units_per_request * self.spu * stats.correction / self.instances
+        return silent > STALL_MIN and silent > STALL_GAPS * gap
+
     def predict(self, units: int, now: float, own_only: bool = False) -> float:
         """Fill in and return this request's predicted seconds."""
         predict_all((self,), units, now, own_only)
@@ -110,10 +175,16 @@ def predict_all(targets: Iterable[Target], units: int, now: float,
             backlog = 0
         elif backlog and per_request > 0:
             backlog -= int((now - t.queue_at) * t.instances / per_request + 1e-9)
+        if stats.orphans:
+            inflight += stats.orphan_backlog(now, per_request, t.instances)
         if backlog < inflight:
             backlog = inflight
         c = stats.correction
         queue = backlog * per_request * c / t.instances
+        if stats.limit.inflight:
+            silent = now - stats.waiting_since
+            if silent > STALL_MIN and silent > STALL_GAPS * per_request * c / t.instances:
+                queue += silent
         service = units * spu * c
         t.p_backlog = backlog
         t.p_queue = queue

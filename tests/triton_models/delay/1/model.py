@@ -15,10 +15,11 @@ environment variable
 and the test process can change a running replica). The file is re-read at most every 50 ms,
 when a request comes, so the per-request cost stays a clock read. ``fail`` answers each request
 with an error; ``spike_ms`` / ``spike_rate`` make rare long requests (a GC pause, a page
-fault storm: the tail that hedging is for); ``stall`` holds requests until it is cleared (giving up with an error after
-60 s). ``stopping`` (set just before the server is sent SIGTERM) ends stalls and long delays at
-once, so Triton can drain and exit instead of waiting for them. Without the variable or the
-file the model just uses its config parameters.
+fault storm: the tail that hedging is for); ``stall`` holds requests until it is cleared
+(giving up with an error after 60 s). ``stopping`` (set just before the server is sent
+SIGTERM) ends stalls and long delays at once, so Triton can drain and exit instead of
+waiting for them. Without the variable or the file the model just uses its config
+parameters.
 """
 
 import json
