@@ -21,6 +21,21 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def read_line(proc: subprocess.Popen[str], timeout: float, what: str,
+              log: str) -> dict[str, Any]:
+    """The next JSON line ``proc`` prints (RuntimeError if it exits or is silent too long)."""
+    stdout = proc.stdout
+    assert stdout is not None
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not box or not box[0]:
+        raise RuntimeError(f"{what} said nothing in {timeout:.0f} s (exit {proc.poll()}); "
+                           f"log {log}")
+    return dict(json.loads(box[0]))
+
+
 class Child:
     """``script --<kind>-child <spec as JSON>``; its first line (``addr``, ``pid``) is read at
     start."""
@@ -41,16 +56,7 @@ class Child:
         self.pid = int(self.info["pid"])
 
     def read(self, timeout: float) -> dict[str, Any]:
-        stdout = self.proc.stdout
-        assert stdout is not None
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not box or not box[0]:
-            raise RuntimeError(f"{self.kind} child said nothing in {timeout:.0f} s (exit "
-                               f"{self.proc.poll()}); log {self.log.name}")
-        return dict(json.loads(box[0]))
+        return read_line(self.proc, timeout, f"{self.kind} child", self.log.name)
 
     def cmd(self, line: str, timeout: float = 30) -> dict[str, Any]:
         assert self.proc.stdin is not None

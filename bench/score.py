@@ -70,6 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
+from bench.child import read_line  # noqa: E402
 from bench.table import (  # noqa: E402
     Others,
     distribution,
@@ -344,16 +345,7 @@ class Child:
             bufsize=1, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
     def read(self, timeout: float) -> dict[str, Any]:
-        stdout = self.proc.stdout
-        assert stdout is not None
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not box or not box[0]:
-            raise RuntimeError(f"server child said nothing in {timeout:.0f} s (exit "
-                               f"{self.proc.poll()}); log {self.log.name}")
-        return dict(json.loads(box[0]))
+        return read_line(self.proc, timeout, "server child", self.log.name)
 
     def stop(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

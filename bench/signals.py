@@ -86,6 +86,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
+from bench.child import read_line  # noqa: E402
 from bench.table import (  # noqa: E402
     format_table,
     loadavg,
@@ -327,16 +328,7 @@ class Child:
 
     def read(self, timeout: float) -> dict[str, Any]:
         """The next JSON line (RuntimeError if the child exits or is silent too long)."""
-        stdout = self.proc.stdout
-        assert stdout is not None
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not box or not box[0]:
-            raise RuntimeError(f"child {self.flag} said nothing in {timeout:.0f} s "
-                               f"(exit {self.proc.poll()}); log {self.log.name}")
-        return dict(json.loads(box[0]))
+        return read_line(self.proc, timeout, f"child {self.flag}", self.log.name)
 
     def tell_stop(self) -> None:
         with contextlib.suppress(Exception):

@@ -316,25 +316,25 @@ def test_full_targets_move_down_and_then_shed_with_retry_after() -> None:
     mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
     from meshd.score.limiter import LimiterConfig
     s = mesh.scorer(limiter=LimiterConfig(initial=3, min_limit=3, max_limit=3))
-    got = [s.score(ScoreRequest("m"), NOW) for _ in range(6)]
+    got = [s.score(ScoreRequest("m"), NOW) for _ in range(11)]
     # priority 5 may fill 0.78 of a limit: 3 per target (in flight 0, 1, 2 < 2.33).  a stays
     # first in the ranking (4 ms with 3 queued, b 6 ms); full, it passes the 4th to b, which
     # is within 2x of it; the 5th would wait 12 ms at b, so a overdraws its limit instead.
-    # The model's limit is its targets' summed (0.78 * 6 = 4.67): the sixth is shed there.
     assert [names(o)[0] for o in got[:5]] == ["a:1"] * 3 + ["b:1", "a:1"]
-    assert [o.verdict.admit for o in got] == [True] * 5 + [False]
-    assert got[5].verdict.reason == "model_limit"
-    assert 0.01 <= got[5].verdict.retry_after <= 5
+    # The model's limit is twice its targets' summed (2 * 0.78 * 6 = 9.4): the 11th is shed.
+    assert [o.verdict.admit for o in got] == [True] * 10 + [False]
+    assert got[10].verdict.reason == "model_limit"
+    assert 0.01 <= got[10].verdict.retry_after <= 5
     # one fast target and two far slower ones, one target returned per decision: the fast
-    # one overdraws its limit up to 2x (in flight 3, 4 < 4.67), then sheds as full
+    # one overdraws its limit up to 4x (in flight < 9.4), then sheds as full
     mesh.node("b", rep("b:1", spu=0.05))
     mesh.node("c", rep("c:1", spu=0.05))
     mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0, "max_targets": 1})
     s = mesh.scorer(limiter=LimiterConfig(initial=3, min_limit=3, max_limit=3))
-    got = [s.score(ScoreRequest("m"), NOW) for _ in range(6)]
-    assert [names(o)[0] for o in got[:5]] == ["a:1"] * 5
-    assert [o.verdict.admit for o in got] == [True] * 5 + [False]
-    assert got[5].verdict.reason == "target_limit"
+    got = [s.score(ScoreRequest("m"), NOW) for _ in range(11)]
+    assert [names(o)[0] for o in got[:10]] == ["a:1"] * 10
+    assert [o.verdict.admit for o in got] == [True] * 10 + [False]
+    assert got[10].verdict.reason == "target_limit"
     assert s.counters.shed["target_limit"] == 1
 
 def test_priority_shares_the_limit() -> None:
@@ -344,10 +344,11 @@ def test_priority_shares_the_limit() -> None:
     mesh.put("SloClass", "bulk", {"deadline_ms": 1000, "shed_priority": 0})
     from meshd.score.limiter import LimiterConfig
     s = mesh.scorer(limiter=LimiterConfig(initial=10, min_limit=10, max_limit=10))
-    bulk = [s.score(ScoreRequest("m", slo_class="bulk"), NOW).verdict.admit for _ in range(8)]
-    assert bulk == [True] * 5 + [False] * 3  # bulk fills half
-    gold = [s.score(ScoreRequest("m", slo_class="gold"), NOW).verdict.admit for _ in range(8)]
-    assert gold == [True] * 5 + [False] * 3  # gold gets the rest
+    # the model's limit is twice its targets' (20): bulk fills half of it, gold the rest
+    bulk = [s.score(ScoreRequest("m", slo_class="bulk"), NOW).verdict.admit for _ in range(15)]
+    assert bulk == [True] * 10 + [False] * 5
+    gold = [s.score(ScoreRequest("m", slo_class="gold"), NOW).verdict.admit for _ in range(15)]
+    assert gold == [True] * 10 + [False] * 5
 
 
 def test_tenant_quotas() -> None:
@@ -505,6 +506,40 @@ def test_a_silent_target_looks_busier_the_longer_it_stays_silent() -> None:
     s.report(quiet.decision_id, "a:1/m/1", 0.2, Status.OK, NOW + 0.21)
     a.predict(1, NOW + 5)
     assert a.p_queue == 0.0  # nothing waiting: idle, not silent
+
+
+def test_a_hedge_goes_out_only_from_a_silent_target_to_the_quickest_other_now() -> None:
+    mesh = Mesh()
+    mesh.node("a", rep("a:1", spu=0.002))
+    mesh.node("b", rep("b:1", spu=0.004))
+    mesh.node("c", rep("c:1", spu=0.006))
+    mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
+    s = mesh.scorer()
+    out = s.score(ScoreRequest("m"), NOW)
+    assert names(out) == ["a:1", "b:1", "c:1"]
+    assert s.hedge_target(out.decision_id, "a:1/m/1", NOW + 0.004) is None  # still answering
+    busy = s.score(ScoreRequest("m", exclude=("a",)), NOW)  # b now has one in flight
+    assert names(busy)[0] == "b:1"
+    to = s.hedge_target(out.decision_id, "a:1/m/1", NOW + 0.1)  # a silent for 100 ms
+    assert to is not None and to.replica == "c:1/m/1"  # b's queue makes c the quicker now
+    c = s.table.by_key["c:1/m/1"]
+    assert c.stats.hedges == 1
+    c.predict(1, NOW + 0.1)
+    assert c.p_backlog == 1  # the hedge is work c has
+    s.report(out.decision_id, "c:1/m/1", 0.006, Status.OK, NOW + 0.106, hedge=True,
+             last=False)
+    assert c.stats.hedges == 0
+    s.report(out.decision_id, "a:1/m/1", 0.106, Status.CANCELLED, NOW + 0.106)
+    a = s.table.by_key["a:1/m/1"]
+    assert a.stats.orphans == 1  # a still has that request to run, and has not answered
+    assert a.silent(NOW + 0.2)
+    a.predict(1, NOW + 0.2)
+    assert a.p_queue > 0.1  # nothing of ours in flight there, yet it looks stalled
+    mesh.node("a", rep("a:1", spu=0.002, queue=0, at=NOW + 0.25))  # its runtime: queue empty
+    s.score(ScoreRequest("m", exclude=("a", "b", "c")), NOW + 0.26)  # no target: rebuilds
+    a = s.table.by_key["a:1/m/1"]
+    a.predict(1, NOW + 0.26)
+    assert a.stats.orphans == 0 and not a.silent(NOW + 0.26) and a.p_queue < 0.01
 
 
 def test_hedge_after_follows_the_observed_quantile() -> None:

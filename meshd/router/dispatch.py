@@ -68,24 +68,28 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
                    *, upstreams: Upstreams, report: Report, clock: Callable[[], float],
                    deadline: float | None, metadata: Sequence[tuple[str, str]] = (),
                    tally: Tally | None = None,
-                   stalled: Callable[[str], bool] | None = None) -> bytes:
+                   hedge_to: Callable[[str], Choice | None] | None = None) -> bytes:
     """Relay ``raw`` (a serialized request for ``method``) and return the reply bytes, or
     raise :class:`Failed`.  ``deadline`` is absolute, on ``clock``.
 
-    ``stalled(replica)``, when given, is asked when the hedge is due: the hedge goes out only
-    if the first target has stopped answering, and otherwise is asked again every half
-    ``hedge_after``.  A request late in a queue that moves gets little from a copy elsewhere
-    and adds load where it hurts; one stuck behind a stall is what hedges are for (measured
-    in ``bench/routing``: ungated hedges spent the budget on the ordinary tail at 80% load
-    and made the p99 worse)."""
+    ``hedge_to(replica)``, when given, is asked when the hedge is due, with the replica the
+    request waits at: it names the target to hedge to, or None while that replica still
+    answers (asked again every half ``hedge_after``).  A request late in a queue that moves
+    gets little from a copy elsewhere and adds load where it hurts; one stuck behind a stall
+    is what hedges are for (measured in ``bench/routing``: ungated hedges spent the budget on
+    the ordinary tail at 80% load and made the p99 worse).  Without it the hedge goes to the
+    next target in ``targets`` when due."""
     tally = tally if tally is not None else Tally()
     pending: dict[asyncio.Future[bytes], Attempt] = {}
     queue = list(targets)
     last_error: tuple[grpc.StatusCode, str] = (grpc.StatusCode.UNAVAILABLE,
                                                "no target could be tried")
 
-    def start(hedge: bool) -> None:
-        choice = queue.pop(0)
+    def start(hedge: bool, choice: Choice | None = None) -> None:
+        if choice is None:
+            choice = queue.pop(0)
+        else:
+            queue[:] = [c for c in queue if c.replica != choice.replica]
         now = clock()
         timeout = None if deadline is None else max(0.0, deadline - now)
         call = upstreams.unary(choice.endpoint, method)(raw, timeout=timeout,
@@ -120,14 +124,16 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
                     raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
                                  "deadline exceeded before any replica answered")
                 if hedge_at is not None and now >= hedge_at:
-                    first = next(iter(pending.values())).choice.replica
-                    if stalled is not None and not stalled(first):
-                        hedge_at = now + hedge_after / 2
-                        continue
+                    to: Choice | None = None
+                    if hedge_to is not None:
+                        to = hedge_to(next(iter(pending.values())).choice.replica)
+                        if to is None:
+                            hedge_at = now + hedge_after / 2
+                            continue
                     hedge_at = None
-                    if queue:
+                    if queue or to is not None:
                         tally.hedged = True
-                        start(True)
+                        start(True, to)
                 continue
             for fut in done:
                 att = pending.pop(fut)

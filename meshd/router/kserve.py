@@ -216,7 +216,7 @@ class KServeRouter:
                                    upstreams=self.upstreams, report=report, clock=clock,
                                    deadline=None if remaining is None else now + remaining,
                                    metadata=passed, tally=tally,
-                                   stalled=lambda r: scorer.stalled(r, clock()))
+                                   hedge_to=lambda r: scorer.hedge_target(did, r, clock()))
         except Failed as exc:
             c.failed[exc.code.name] = c.failed.get(exc.code.name, 0) + 1
             await context.abort(exc.code, exc.details)

@@ -151,19 +151,28 @@ class ModelState:
     ratio: float
 
 
-OVERFLOW_FACTOR = 2.0
+OVERFLOW_FACTOR = 1.25
 """A request goes past a full target only to one predicted to take at most this many times
 as long as the best."""
-OVERDRAFT = 2.0
-"""How far over its adaptive limit the best target may go when no target near it has room."""
+OVERDRAFT = 4.0
+"""How far over its adaptive limit a target may go when no target near the best has room."""
+MODEL_HEADROOM = 2.0
+"""The model's limit, as a multiple of its targets' summed adaptive limits.  A replica that
+stalls takes its capacity away for the stall; at 80% load the others absorb its share only
+if they may queue past their limits' knee for that long (``bench/routing`` shed at 1x).
+Sustained overload still sheds, at twice the queue the limits mark."""
 
 
 def _capacity(targets: list[Target]) -> float:
-    """The model's limit: the sum of its targets' adaptive limits."""
+    """The model's limit: ``MODEL_HEADROOM`` times the sum of its targets' adaptive limits."""
     total = 0.0
     for t in targets:
         total += t.stats.limit.limit
-    return total
+    return total * MODEL_HEADROOM
+
+
+def _seconds(t: Target) -> float:
+    return t.p_seconds
 
 
 def _choice(t: Target) -> Choice:
@@ -418,20 +427,16 @@ class Scorer:
         # The best target with room, among those predicted to be nearly as quick as the best:
         # a full fast replica must not overflow onto one predicted to take many times longer
         # (bench/routing: the 5x replica's queue, filled that way, set the p99).  Failing
-        # that, the best target overdraws its limit, boundedly; then any target with room
-        # (slow beats shed); the model's limit, which admitted the request, is what sheds.
+        # that, the quickest target under OVERDRAFT times its limit: a target's limit marks
+        # where it starts to queue, not what it can hold; the model's limit sheds.
         worst = ranked[0].p_seconds * OVERFLOW_FACTOR
-        near = len(ranked)
         for i, t in enumerate(ranked):
             if i and t.p_seconds > worst:
-                near = i
                 break
             if t.stats.limit.try_acquire(share):
                 return ADMIT, self._sent(ranked, i, now)
-        if ranked[0].stats.limit.try_acquire(share, OVERDRAFT):
-            return ADMIT, self._sent(ranked, 0, now)
-        for i in range(near, len(ranked)):
-            if ranked[i].stats.limit.try_acquire(share):
+        for i, t in enumerate(ranked):
+            if t.stats.limit.try_acquire(share, OVERDRAFT):
                 return ADMIT, self._sent(ranked, i, now)
         ms.gate.release()
         self.tenants.release(tenant)
@@ -487,6 +492,8 @@ class Scorer:
         stats = self.table.stats.get(replica) if replica else None
         if stats is not None:
             stats.outcomes += 1
+            if hedge and stats.hedges > 0:
+                stats.hedges -= 1
             if ok and latency == latency:
                 stats.latency.add(latency)
             elif not ok and status != Status.CANCELLED:
@@ -552,6 +559,26 @@ class Scorer:
         request there is worth a hedge; one late in a queue that is moving mostly is not."""
         target = self.table.by_key.get(replica)
         return target is not None and target.silent(now)
+
+    def hedge_target(self, decision_id: int, first: str, now: float) -> Choice | None:
+        """Where a hedge of a decision's request stuck at ``first`` should go now: the
+        decision's other target predicted quickest at this moment (the ranking is as old as
+        the hedge delay, and a stall elsewhere may have begun since), or None when ``first``
+        is still answering (ask again later) or there is no other target.  The hedge counts
+        in its target's backlog until its outcome is reported."""
+        if not self.stalled(first, now):
+            return None
+        d = self.decisions.get(decision_id)
+        if d is None:
+            return None
+        by_key = self.table.by_key
+        others = [t for k in d.predicted if k != first and (t := by_key.get(k)) is not None]
+        if not others:
+            return None
+        predict_all(others, d.units, now)
+        best = min(others, key=_seconds)
+        best.stats.hedges += 1
+        return _choice(best)
 
     def weights(self, model: str, revision: str, now: float) -> tuple[list[tuple[Choice, float]],
                                                                        bool]:

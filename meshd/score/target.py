@@ -47,6 +47,11 @@ its silence is added to its predicted queue.  Lower reacts sooner to a stall and
 more ordinary jitter for one."""
 STALL_MIN = 0.002
 """Seconds of silence never taken for a stall (timer and scheduling noise)."""
+ORPHAN_TTL = 1.0
+"""Seconds unanswered orphans keep a target's silence counting.  Requests hedged away from a
+stalled target leave it with nothing in flight from this agent; were its silence forgotten
+then, the next requests would go to it and stall too.  Longer than the stalls hedges are for;
+a target wrongly suspected is avoided at most this long (less when the others get busy)."""
 
 
 @dataclass(slots=True)
@@ -72,14 +77,23 @@ class TargetStats:
     (Triton's Python backend runs every one), so the work stays after this agent stops
     counting it in flight.  Without them a replica that just stalled looked idle once its
     requests were hedged away, and took new ones behind its leftover queue."""
+    hedges: int = 0
+    """Hedges this agent sent here that have not ended: work the target has that no
+    admission slot counts."""
     orphans_sent: float = 0.0
     """When the latest orphan was sent: an answer to a later request means (FIFO) the
     orphans are done."""
 
     def sent(self, now: float) -> None:
         """A request was admitted to the target (its in-flight count already includes it)."""
-        if self.limit.inflight <= 1:
+        if self.limit.inflight <= 1 and not self.orphans:
             self.waiting_since = now
+
+    def waiting(self, now: float) -> bool:
+        """Whether the target owes this agent answers: requests in flight, or orphans not yet
+        answered for (within ``ORPHAN_TTL``)."""
+        return self.limit.inflight > 0 or (
+            self.orphans > 0 and now - self.orphans_sent < ORPHAN_TTL)
 
     def answered(self, now: float, sent_at: float) -> None:
         """The target answered a request sent at ``sent_at`` (success or error)."""
@@ -89,9 +103,18 @@ class TargetStats:
 
     def cancelled(self, sent_at: float) -> None:
         """A request sent here at ``sent_at`` was cancelled."""
+        if not self.orphans and not self.limit.inflight and sent_at > self.waiting_since:
+            self.waiting_since = sent_at
         self.orphans += 1
         if sent_at > self.orphans_sent:
             self.orphans_sent = sent_at
+
+    def runtime_progress(self, backlog: int, at: float) -> None:
+        """The runtime reported ``backlog`` requests at ``at``, after the orphans were sent and
+        fewer than them: it is working through them (a stall ended)."""
+        self.orphans = backlog
+        if at > self.waiting_since:
+            self.waiting_since = at
 
     def orphan_backlog(self, now: float, per_request: float, instances: int) -> int:
         """Orphans not yet worked off, at the target's usual pace since the later of its last
@@ -143,7 +166,7 @@ class Target:
         """Whether requests wait here and the target has not answered any for longer than
         ``STALL_GAPS`` expected gaps: stalled, as far as this agent can tell."""
         stats = self.stats
-        if not stats.limit.inflight:
+        if not stats.waiting(now):
             return False
         silent = now - stats.waiting_since
         gap = stats.units_per_request * self.spu * stats.correction / self.instances
@@ -176,12 +199,15 @@ def predict_all(targets: Iterable[Target], units: int, now: float,
         elif backlog and per_request > 0:
             backlog -= int((now - t.queue_at) * t.instances / per_request + 1e-9)
         if stats.orphans:
+            if t.queue_at > stats.orphans_sent and t.backlog < stats.orphans:
+                stats.runtime_progress(t.backlog, t.queue_at)
             inflight += stats.orphan_backlog(now, per_request, t.instances)
+        inflight += stats.hedges
         if backlog < inflight:
             backlog = inflight
         c = stats.correction
         queue = backlog * per_request * c / t.instances
-        if stats.limit.inflight:
+        if stats.limit.inflight or stats.orphans and stats.waiting(now):
             silent = now - stats.waiting_since
             if silent > STALL_MIN and silent > STALL_GAPS * per_request * c / t.instances:
                 queue += silent
