@@ -27,7 +27,9 @@ falls behind is charged, not hidden (coordinated omission); its lag is recorded.
 run has ``--warmup`` seconds of load first (not measured) and then ``--duration`` measured
 seconds; requests have a ``--timeout`` deadline.
 
-**The cases**, each run ``--repeats`` times, their order rotated between repeats:
+**The cases**, each run ``--repeats`` times, their order rotated between repeats; before
+each run the bench waits until no replica has a request queued (a round-robin case leaves
+the 5x replica minutes of work that would otherwise land on the next case):
 
 * ``router/<strategy>/hedge`` and ``router/<strategy>/no-hedge``: through the meshd router
   (a child process: ``meshd.router.server.serve`` over a ``Scorer``, a fresh one per run,
@@ -336,6 +338,31 @@ def served(server: Any) -> int:
         client.close()
 
 
+def pending(server: Any) -> int:
+    """Requests queued in ``server`` now (Triton's pending-request gauge)."""
+    import urllib.request
+
+    from adapters.triton_stats import parse_pending
+
+    with urllib.request.urlopen(server.metrics_url, timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(parse_pending(text).pending.values())
+
+
+def drain(servers: list[Any], timeout: float = 120.0) -> float:
+    """Wait until no replica has requests queued; the seconds it took.  A case that overloads
+    a replica (round robin on the 5x one) leaves it a queue that outlives the case's
+    deadlines - Triton runs requests whose clients gave up - and the next case must not
+    inherit it."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if all(pending(s) == 0 for s in servers):
+            break
+        time.sleep(0.2)
+    time.sleep(0.1)  # the executing request, if any
+    return time.monotonic() - t0
+
+
 def cases(args: argparse.Namespace) -> list[str]:
     out = [f"router/{s}/{h}" for s in args.strategies for h in ("hedge", "no-hedge")]
     return out + [f"client/{c}" for c in CLIENT_SIDE]
@@ -354,6 +381,7 @@ def run_case(case: str, rate: float, args: argparse.Namespace, router: Child,
         if "error" in out:
             raise RuntimeError(f"router start: {out['error']}")
         addr = out["addr"]
+    drained = drain(servers)
     before = [served(s) for s in servers]
     rng = random.Random(seed)
     others = Others(lambda: sum(proc_cpu_s(p) or 0.0 for p in pids(router, servers)))
@@ -369,6 +397,7 @@ def run_case(case: str, rate: float, args: argparse.Namespace, router: Child,
 
     result = asyncio.run(go())
     result["machine"] = others.done()
+    result["drained_s"] = drained
     after = [served(s) for s in servers]
     result["replica_requests"] = [b - a for a, b in zip(before, after, strict=True)]
     if kind == "router":
