@@ -312,14 +312,14 @@ def test_shadow_counts_how_often_and_how_much_picks_differ() -> None:
 def test_full_targets_move_down_and_then_shed_with_retry_after() -> None:
     mesh = Mesh()
     mesh.node("a", rep("a:1", spu=0.001))
-    mesh.node("b", rep("b:1", spu=0.006))
+    mesh.node("b", rep("b:1", spu=0.0045))
     mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
     from meshd.score.limiter import LimiterConfig
     s = mesh.scorer(limiter=LimiterConfig(initial=3, min_limit=3, max_limit=3))
     got = [s.score(ScoreRequest("m"), NOW) for _ in range(11)]
     # priority 5 may fill 0.78 of a limit: 3 per target (in flight 0, 1, 2 < 2.33).  a stays
-    # first in the ranking (4 ms with 3 queued, b 6 ms); full, it passes the 4th to b, which
-    # is within 2x of it; the 5th would wait 12 ms at b, so a overdraws its limit instead.
+    # first in the ranking (4 ms with 3 queued, b 4.5 ms); full, it passes the 4th to b, which
+    # is within 1.25x of it; the 5th would wait 9 ms at b, so a overdraws its limit instead.
     assert [names(o)[0] for o in got[:5]] == ["a:1"] * 3 + ["b:1", "a:1"]
     # The model's limit is twice its targets' summed (2 * 0.78 * 6 = 9.4): the 11th is shed.
     assert [o.verdict.admit for o in got] == [True] * 10 + [False]
