@@ -54,7 +54,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -70,7 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
-from bench.child import read_line  # noqa: E402
+from bench.child import Child  # noqa: E402
 from bench.table import (  # noqa: E402
     Others,
     distribution,
@@ -336,33 +335,6 @@ async def _server_main(spec: dict[str, Any]) -> int:
     return 0
 
 
-class Child:
-    def __init__(self, spec: dict[str, Any], log: Path) -> None:
-        self.log = open(log, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--server-child", json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            bufsize=1, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-
-    def read(self, timeout: float) -> dict[str, Any]:
-        return read_line(self.proc, timeout, "server child", self.log.name)
-
-    def stop(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        with contextlib.suppress(Exception):
-            assert self.proc.stdin is not None
-            self.proc.stdin.write("stop\n")
-            self.proc.stdin.flush()
-            out = self.read(10)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.log.close()
-        return out
-
-
 # --- gRPC: the clients --------------------------------------------------------------------------
 
 
@@ -468,12 +440,13 @@ def grpc_bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from proto.mesh.v1 import score_pb2_grpc
 
     uds = workdir / "score.sock"
-    child = Child({"targets": TARGETS, "seed": args.seed, "uds": str(uds),
-                   "churn": args.churn, "strategy": ""}, workdir / "server.log")
+    child = Child(__file__, "server", {"targets": TARGETS, "seed": args.seed, "uds": str(uds),
+                                       "churn": args.churn, "strategy": ""},
+                  workdir / "server.log")
     aio: AioClients | None = None
     sync_chans: dict[str, Any] = {}
     try:
-        addrs = child.read(60)
+        addrs = child.info
         pid = int(addrs["pid"])
         targets = {"tcp": addrs["tcp"], "uds": addrs["uds"]}
         _log(f"score server (pid {pid}) on {targets['tcp']} and {targets['uds']}")
