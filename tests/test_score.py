@@ -526,6 +526,8 @@ def test_a_hedge_goes_out_only_from_a_silent_target_to_the_quickest_other_now() 
     assert c.stats.hedges == 1
     c.predict(1, NOW + 0.1)
     assert c.p_backlog == 1  # the hedge is work c has
+    s.report(0, "c:1/m/1", 0.006, Status.OK, NOW + 0.106, hedge=True)  # someone else's
+    assert c.stats.hedges == 1
     s.report(out.decision_id, "c:1/m/1", 0.006, Status.OK, NOW + 0.106, hedge=True,
              last=False)
     assert c.stats.hedges == 0

@@ -33,6 +33,9 @@ class Decision:
     started: float
     expires: float
     hedged: bool = False
+    hedge_key: str = ""
+    """The target :meth:`Scorer.hedge_target` sent this decision's hedge to, until its
+    outcome is reported (only that report gives back the target's hedge count)."""
     first_open: bool = True
     """The first target's slot is still held."""
 

@@ -492,8 +492,10 @@ class Scorer:
         stats = self.table.stats.get(replica) if replica else None
         if stats is not None:
             stats.outcomes += 1
-            if hedge and stats.hedges > 0:
-                stats.hedges -= 1
+            if hedge and d is not None and d.hedge_key == replica:
+                d.hedge_key = ""
+                if stats.hedges > 0:
+                    stats.hedges -= 1
             if ok and latency == latency:
                 stats.latency.add(latency)
             elif not ok and status != Status.CANCELLED:
@@ -546,6 +548,11 @@ class Scorer:
             d.first_open = False
             d.first.limit.forget()
             self.fused.observe_end(d.first_key)
+        if d.hedge_key:  # its hedge's outcome never came (a router that went away)
+            st = self.table.stats.get(d.hedge_key)
+            if st is not None and st.hedges > 0:
+                st.hedges -= 1
+            d.hedge_key = ""
         d.model_gate.release()
         self.tenants.release(d.tenant)
 
@@ -577,7 +584,10 @@ class Scorer:
             return None
         predict_all(others, d.units, now)
         best = min(others, key=_seconds)
+        if d.hedge_key:  # one hedge per decision is counted
+            return _choice(best)
         best.stats.hedges += 1
+        d.hedge_key = best.key
         return _choice(best)
 
     def weights(self, model: str, revision: str, now: float) -> tuple[list[tuple[Choice, float]],
