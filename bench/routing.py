@@ -233,7 +233,6 @@ class Paths:
         self.channels = [grpc.aio.insecure_channel(a) for a in addrs]
         self.calls = [ch.unary_unary(METHOD) for ch in self.channels]
         self.outstanding = [0] * len(addrs)
-        self.sent = [0] * len(addrs)
         self._next = 0
 
     def pick(self) -> int:
@@ -249,7 +248,6 @@ class Paths:
     async def send(self, raw: bytes, timeout: float) -> str:
         i = self.pick()
         self.outstanding[i] += 1
-        self.sent[i] += 1
         try:
             await self.calls[i](raw, timeout=timeout)
             return "OK"

@@ -32,7 +32,6 @@ class Decision:
     units: int
     started: float
     expires: float
-    hedged: bool = False
     hedge_key: str = ""
     """The target :meth:`Scorer.hedge_target` sent this decision's hedge to, until its
     outcome is reported (only that report gives back the target's hedge count)."""

@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from adapters.model import work_units
@@ -169,10 +170,6 @@ def _capacity(targets: list[Target]) -> float:
     for t in targets:
         total += t.stats.limit.limit
     return total * MODEL_HEADROOM
-
-
-def _seconds(t: Target) -> float:
-    return t.p_seconds
 
 
 def _choice(t: Target) -> Choice:
@@ -493,9 +490,7 @@ class Scorer:
         if stats is not None:
             stats.outcomes += 1
             if hedge and d is not None and d.hedge_key == replica:
-                d.hedge_key = ""
-                if stats.hedges > 0:
-                    stats.hedges -= 1
+                self._hedge_ended(d)
             if ok and latency == latency:
                 stats.latency.add(latency)
             elif not ok and status != Status.CANCELLED:
@@ -549,17 +544,21 @@ class Scorer:
             d.first.limit.forget()
             self.fused.observe_end(d.first_key)
         if d.hedge_key:  # its hedge's outcome never came (a router that went away)
-            st = self.table.stats.get(d.hedge_key)
-            if st is not None and st.hedges > 0:
-                st.hedges -= 1
-            d.hedge_key = ""
+            self._hedge_ended(d)
         d.model_gate.release()
         self.tenants.release(d.tenant)
+
+    def _hedge_ended(self, d: Decision) -> None:
+        """The hedge :meth:`hedge_target` counted for ``d`` no longer loads its target."""
+        st = self.table.stats.get(d.hedge_key)
+        if st is not None and st.hedges > 0:
+            st.hedges -= 1
+        d.hedge_key = ""
 
     def _expire(self, d: Decision) -> None:
         self._release(d)
 
-    # --- weights (WatchTargets) --------------------------------------------------------------
+    # --- hedging ----------------------------------------------------------------------------
 
     def stalled(self, replica: str, now: float) -> bool:
         """Whether ``replica`` has stopped answering (see :meth:`Target.silent`): a late
@@ -583,12 +582,13 @@ class Scorer:
         if not others:
             return None
         predict_all(others, d.units, now)
-        best = min(others, key=_seconds)
-        if d.hedge_key:  # one hedge per decision is counted
-            return _choice(best)
-        best.stats.hedges += 1
-        d.hedge_key = best.key
+        best = min(others, key=attrgetter("p_seconds"))
+        if not d.hedge_key:  # one hedge per decision is counted
+            best.stats.hedges += 1
+            d.hedge_key = best.key
         return _choice(best)
+
+    # --- weights (WatchTargets) --------------------------------------------------------------
 
     def weights(self, model: str, revision: str, now: float) -> tuple[list[tuple[Choice, float]],
                                                                        bool]:

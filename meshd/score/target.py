@@ -77,12 +77,12 @@ class TargetStats:
     (Triton's Python backend runs every one), so the work stays after this agent stops
     counting it in flight.  Without them a replica that just stalled looked idle once its
     requests were hedged away, and took new ones behind its leftover queue."""
-    hedges: int = 0
-    """Hedges this agent sent here that have not ended: work the target has that no
-    admission slot counts."""
     orphans_sent: float = 0.0
     """When the latest orphan was sent: an answer to a later request means (FIFO) the
     orphans are done."""
+    hedges: int = 0
+    """Hedges this agent sent here that have not ended: work the target has that no
+    admission slot counts."""
 
     def sent(self, now: float) -> None:
         """A request was admitted to the target (its in-flight count already includes it)."""
@@ -94,6 +94,14 @@ class TargetStats:
         answered for (within ``ORPHAN_TTL``)."""
         return self.limit.inflight > 0 or (
             self.orphans > 0 and now - self.orphans_sent < ORPHAN_TTL)
+
+    def stalled_for(self, now: float, gap: float) -> float:
+        """Seconds the target has been silent while owing answers, once that is longer than
+        ``STALL_GAPS`` expected ``gap``s between answers (and ``STALL_MIN``); else 0."""
+        if not self.waiting(now):
+            return 0.0
+        silent = now - self.waiting_since
+        return silent if silent > STALL_MIN and silent > STALL_GAPS * gap else 0.0
 
     def answered(self, now: float, sent_at: float) -> None:
         """The target answered a request sent at ``sent_at`` (success or error)."""
@@ -166,11 +174,8 @@ class Target:
         """Whether requests wait here and the target has not answered any for longer than
         ``STALL_GAPS`` expected gaps: stalled, as far as this agent can tell."""
         stats = self.stats
-        if not stats.waiting(now):
-            return False
-        silent = now - stats.waiting_since
         gap = stats.units_per_request * self.spu * stats.correction / self.instances
-        return silent > STALL_MIN and silent > STALL_GAPS * gap
+        return stats.stalled_for(now, gap) > 0.0
 
     def predict(self, units: int, now: float, own_only: bool = False) -> float:
         """Fill in and return this request's predicted seconds."""
@@ -207,10 +212,8 @@ def predict_all(targets: Iterable[Target], units: int, now: float,
             backlog = inflight
         c = stats.correction
         queue = backlog * per_request * c / t.instances
-        if stats.limit.inflight or stats.orphans and stats.waiting(now):
-            silent = now - stats.waiting_since
-            if silent > STALL_MIN and silent > STALL_GAPS * per_request * c / t.instances:
-                queue += silent
+        if stats.limit.inflight or stats.orphans:  # the common idle case costs no call
+            queue += stats.stalled_for(now, per_request * c / t.instances)
         service = units * spu * c
         t.p_backlog = backlog
         t.p_queue = queue
