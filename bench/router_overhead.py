@@ -323,6 +323,7 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
     from adapters.model import ReplicaState
     from meshd.fused import FusedState
     from meshd.router import server as router_server
+    from meshd.router.scoring import LocalScoring
     from meshd.score.scorer import Scorer
     from meshd.signal_wire import NodeSignals
 
@@ -346,8 +347,9 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
 
     refresh()
     feeder = asyncio.ensure_future(feed())
-    server, router, addr = await router_server.serve(scorer, loop.time, ("127.0.0.1", 0),
-                                                     dev=True, identity=lambda: None)
+    server, router, addr = await router_server.serve(LocalScoring(scorer, loop.time),
+                                                     loop.time, ("127.0.0.1", 0), dev=True,
+                                                     identity=lambda: None)
 
     def counters() -> dict[str, Any]:
         c, s = router.counters, scorer.counters

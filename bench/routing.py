@@ -112,6 +112,7 @@ async def _router_child(spec: dict[str, Any]) -> int:
     from adapters.triton import TritonEndpoint
     from meshd.fused import FusedState
     from meshd.router import server as router_server
+    from meshd.router.scoring import LocalScoring
     from meshd.score.scorer import Scorer
     from meshd.signals import SignalPlane
     from policy.model import validate as validate_policy
@@ -138,7 +139,8 @@ async def _router_child(spec: dict[str, Any]) -> int:
         scorer = Scorer(fused, policy=lambda k, n: doc if (k, n) == ("RoutingPolicy", MODEL)
                         else None)
         server, router, addr = await router_server.serve(
-            scorer, loop.time, ("127.0.0.1", 0), dev=True, identity=lambda: None)
+            LocalScoring(scorer, loop.time), loop.time, ("127.0.0.1", 0), dev=True,
+            identity=lambda: None)
         attempts: list[tuple[str, float, str, bool]] = []
         report = scorer.report
 

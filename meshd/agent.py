@@ -13,8 +13,10 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +39,10 @@ from meshd.quarantine import AutoQuarantine
 from meshd.rbac import KeyLoadError, PolicyError
 from meshd.router import server as router_server
 from meshd.router.auth import TokenFileError
+from meshd.router.counters import RouterCounters, WorkerCounters
 from meshd.router.kserve import KServeRouter
+from meshd.router.pool import WorkerPool
+from meshd.router.scoring import LocalScoring
 from meshd.score.scorer import Scorer
 from meshd.security import EnrollmentRefused, Security, SecurityError
 from meshd.settings import DEFAULT_RAFT_PORT, Settings, parse_hostport
@@ -166,6 +171,11 @@ class Agent:
         self._router: object | None = None
         self.router: KServeRouter | None = None
         """The KServe router (``--role router``), once started."""
+        self.router_workers: WorkerPool | None = None
+        """Router worker processes sharing its port (``--router-workers``)."""
+        self.worker_counters = WorkerCounters()
+        self._workers_score: object | None = None
+        self._workers_dir = ""
 
     @property
     def _policy_store(self):  # type: ignore[no-untyped-def]
@@ -287,7 +297,8 @@ class Agent:
             (m := swim.member(n)) is not None and m.live))
         self.metrics = AgentMetrics(swim, self.coordinates, sec, self.control,
                                     self.signals, self.health,
-                                    RoutingCollector(s.node, self.scorer, lambda: self.router))
+                                    RoutingCollector(s.node, self.scorer,
+                                                     self._router_counters))
         transport.on_rtts = self.metrics.observe_rtts
         transport.attach(swim)
         self._data.save(swim.incarnation, list(saved.get("peers", []) or []))  # type: ignore[call-overload]
@@ -311,13 +322,16 @@ class Agent:
             score_where = "off"
             if score_addr is not None:
                 self._score, score_where = await score_api.serve(
-                    self.scorer, loop.time, score_addr, lambda: sec.identity)
+                    self.scorer, loop.time, score_addr, lambda: sec.identity,
+                    self.worker_counters)
             router_where = "off"
             if "router" in s.roles:
                 self._router, self.router, router_where = await router_server.serve(
-                    self.scorer, loop.time, s.router_addr(), dev=s.dev,
-                    identity=lambda: sec.identity, tokens_file=s.router_tokens,
-                    node=s.node, verifier=sec.verifier)
+                    LocalScoring(self.scorer, loop.time), loop.time, s.router_addr(),
+                    dev=s.dev, identity=lambda: sec.identity, tokens_file=s.router_tokens,
+                    node=s.node, verifier=sec.verifier, reuse_port=s.router_workers > 1)
+                if s.router_workers > 1:
+                    await self._start_router_workers(router_where)
         except (OSError, TokenFileError) as exc:
             log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
             await self._shutdown(leave=False)
@@ -553,6 +567,34 @@ class Agent:
     def stop(self) -> None:
         self.stopping.set()
 
+    def _router_counters(self) -> dict[str, RouterCounters] | None:
+        """The router's counters by process: this one's and its workers' (None: no router
+        here)."""
+        if self.router is None:
+            return None
+        return self.worker_counters.processes(self.router.counters)
+
+    async def _start_router_workers(self, router_where: str) -> None:
+        """``--router-workers N``: N - 1 processes beside this router, scoring through a
+        score API on a Unix socket of their own (in the data directory, 0700)."""
+        s = self.settings
+        path = Path(s.data_path()) / "router-score.sock"
+        if len(str(path)) > 100:  # sun_path holds 108 bytes
+            self._workers_dir = tempfile.mkdtemp(prefix="meshd-")
+            path = Path(self._workers_dir) / "score.sock"
+        path.unlink(missing_ok=True)
+        self._workers_score, where = await score_api.serve(
+            self.scorer, asyncio.get_running_loop().time, str(path),
+            lambda: self.security.identity, self.worker_counters)
+        argv = ["--score", where, "--router", router_where, "--data", s.data_path(),
+                "--node", s.node, "--log-level", s.log_level]
+        if s.router_tokens:
+            argv += ["--tokens", os.path.abspath(s.router_tokens)]
+        if s.dev:
+            argv.append("--dev")
+        self.router_workers = WorkerPool(s.router_workers - 1, argv)
+        await self.router_workers.start()
+
     async def _shutdown(self, leave: bool) -> None:
         if leave and self.transport is not None and self.swim is not None:
             log.info("leaving", extra={"event": "leaving"})
@@ -566,9 +608,17 @@ class Agent:
                 self._authorizer.audit.close()
         if self._router is not None:
             # In-flight requests finish (drain); new ones are refused once stop() begins.
-            await self._router.stop(ROUTER_GRACE)  # type: ignore[attr-defined]
+            # The workers drain theirs at the same time, still scoring through this agent.
+            stops = [self._router.stop(ROUTER_GRACE)]  # type: ignore[attr-defined]
+            if self.router_workers is not None:
+                stops.append(self.router_workers.stop(ROUTER_GRACE))
+            await asyncio.gather(*stops)
             if self.router is not None:
                 await self.router.close()
+        if self._workers_score is not None:
+            await self._workers_score.stop(0)  # type: ignore[attr-defined]
+            if self._workers_dir:
+                shutil.rmtree(self._workers_dir, ignore_errors=True)
         if self._score is not None:
             await self._score.stop(ADMIN_GRACE)  # type: ignore[attr-defined]
         await self.control.close(leave=leave)

@@ -226,6 +226,8 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
             if roles[(i - 1) % len(roles)] != "coordinator":
                 cmd += ["--role", "coordinator"]
             cmd += ["--bootstrap-expect", str(coordinators), "--raft", raft_addr(i, per_ip)]
+        if roles[(i - 1) % len(roles)] == "router" and sys.platform.startswith("linux"):
+            cmd += ["--router-workers", "2"]  # the port served by two processes
         for server in attached.get(i, []):
             cmd += ["--triton", f"{server.grpc_url},metrics={server.metrics_url}"]
             print(f"  {server.name} (gRPC {server.grpc_url}) -> node{i}", flush=True)

@@ -17,7 +17,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from meshd.router.kserve import KServeRouter
+from meshd.router.counters import RouterCounters
 from meshd.score.scorer import STRATEGY_BUCKETS, Scorer
 from meshd.score.shadow import DIFF_BUCKETS
 
@@ -37,7 +37,10 @@ def _histogram(name: str, doc: str, labels: list[str], bounds: tuple[float, ...]
 
 class RoutingCollector(Collector):
     def __init__(self, node: str, scorer: Scorer,
-                 router: Callable[[], KServeRouter | None] = lambda: None) -> None:
+                 router: Callable[[], dict[str, RouterCounters] | None] = lambda: None
+                 ) -> None:
+        """``router``: the router's counters by process (the agent's, and its workers'), or
+        None where no router runs."""
         self.node = node
         self.scorer = scorer
         self.router = router
@@ -114,10 +117,18 @@ class RoutingCollector(Collector):
             inflight.add_metric([node, key], st.limit.inflight)
         yield limit
         yield inflight
-        router = self.router()
-        if router is None:
+        processes = self.router()
+        if processes is None:
             return
-        r = router.counters
+        r = RouterCounters()
+        per_process = CounterMetricFamily(
+            "meshd_router_process_requests",
+            "Inference requests received by each process serving the router port (agent, "
+            "or a worker process's life)", labels=["node", "process"])
+        for name, counters in sorted(processes.items()):
+            r.add(counters)
+            per_process.add_metric([node, name], counters.requests)
+        yield per_process
         for name, doc, value in (
             ("meshd_router_requests", "Inference requests received", r.requests),
             ("meshd_router_completed", "Inference requests answered", r.completed),

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from certs import tls
+from meshd.router.counters import RouterCounters, WorkerCounters
 from meshd.score.scorer import Choice, ScoreError, Scorer, ScoreRequest, Status
 from meshd.settings import is_loopback
 from proto.mesh.v1 import score_pb2, score_pb2_grpc
@@ -24,6 +25,10 @@ from proto.mesh.v1 import score_pb2, score_pb2_grpc
 MAX_TEXT = 256
 MAX_EXCLUDE = 64
 MAX_PAYLOAD = 1 << 40
+MAX_BATCH = 4096
+"""Reports in one ``OutcomeBatch``."""
+MAX_COUNT = 1 << 62
+"""Any router counter above this is not a count."""
 WATCH_POLL = 0.1
 """Seconds between looks at a watched model's weights."""
 WATCH_REFRESH = 5.0
@@ -72,10 +77,45 @@ def target_pb(c: Choice) -> score_pb2.Target:
                             service_seconds=c.service, zone=c.zone)
 
 
+def choice_of(t: score_pb2.Target) -> Choice:
+    """The scorer's choice for a wire target (the inverse of :func:`target_pb`)."""
+    return Choice(t.node, t.endpoint, t.replica, t.version, t.zone, t.predicted_seconds,
+                  t.rtt_seconds, t.queue_seconds, t.service_seconds)
+
+
+def outcome(msg: score_pb2.OutcomeReport, field: str = "") -> tuple[str, float, Status]:
+    """A report's replica, latency and status, checked (FieldError names a bad field)."""
+    try:
+        status = Status(msg.status)
+    except ValueError:
+        raise FieldError(f"{field}status", f"unknown outcome status {msg.status}") from None
+    return (_text(msg.replica, f"{field}replica"),
+            _seconds(msg.latency_seconds, f"{field}latency_seconds"), status)
+
+
+def router_counters(msg: score_pb2.RouterCounters) -> tuple[str, RouterCounters]:
+    """A worker's life name and counters, checked (FieldError names a bad field)."""
+    worker = _text(msg.worker, "worker", required=True)
+    for name, values in (("failed", msg.failed), ("shed", msg.shed)):
+        if len(values) > MAX_EXCLUDE:
+            raise FieldError(name, f"at most {MAX_EXCLUDE} keys")
+        for key in values:
+            _text(key, f"{name} key")
+    counters = RouterCounters.from_pb(msg)
+    if any(v > MAX_COUNT for v in (counters.requests, counters.completed, counters.invalid,
+                                   counters.hedged, counters.hedge_won, counters.failovers,
+                                   counters.streams, *counters.failed.values(),
+                                   *counters.shed.values())):
+        raise FieldError("counters", f"a count above {MAX_COUNT}")
+    return worker, counters
+
+
 class ScoreService(score_pb2_grpc.ScoreServicer):
-    def __init__(self, scorer: Scorer, clock: Callable[[], float]) -> None:
+    def __init__(self, scorer: Scorer, clock: Callable[[], float],
+                 workers: WorkerCounters | None = None) -> None:
         self.scorer = scorer
         self.clock = clock
+        self.workers = workers if workers is not None else WorkerCounters()
 
     async def ScoreTargets(self, request: score_pb2.ScoreRequest,
                            context: grpc.aio.ServicerContext) -> score_pb2.ScoreReply:
@@ -94,16 +134,61 @@ class ScoreService(score_pb2_grpc.ScoreServicer):
     async def ReportOutcome(self, request: score_pb2.OutcomeReport,
                             context: grpc.aio.ServicerContext) -> score_pb2.OutcomeAck:
         try:
-            status = Status(request.status)
-            replica = _text(request.replica, "replica")
-            latency = _seconds(request.latency_seconds, "latency_seconds")
-        except ValueError as exc:
-            msg = str(exc) if isinstance(exc, FieldError) else (
-                f"status: unknown outcome status {request.status}")
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, msg)
+            replica, latency, status = outcome(request)
+        except FieldError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         known = self.scorer.report(request.decision_id, replica, latency, status, self.clock(),
                                    hedge=request.hedge, last=request.last)
         return score_pb2.OutcomeAck(known=known)
+
+    async def ReportOutcomes(self, request_iterator: AsyncIterator[score_pb2.OutcomeBatch],
+                             context: grpc.aio.ServicerContext) -> score_pb2.OutcomesAck:
+        """Each batch is checked whole before any of it is applied."""
+        applied = unknown = 0
+        report = self.scorer.report
+        async for batch in request_iterator:
+            if len(batch.reports) > MAX_BATCH:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"reports: at most {MAX_BATCH} in one batch")
+            try:
+                checked = [(r, *outcome(r, f"reports[{i}].")) for i, r in enumerate(batch.reports)]
+            except FieldError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            now = self.clock()
+            for r, replica, latency, status in checked:
+                if report(r.decision_id, replica, latency, status, now, hedge=r.hedge,
+                          last=r.last):
+                    applied += 1
+                else:
+                    unknown += 1
+        return score_pb2.OutcomesAck(applied=applied, unknown=unknown)
+
+    async def HedgeTarget(self, request: score_pb2.HedgeRequest,
+                          context: grpc.aio.ServicerContext) -> score_pb2.HedgeReply:
+        try:
+            replica = _text(request.replica, "replica", required=True)
+        except FieldError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        choice = self.scorer.hedge_target(request.decision_id, replica, self.clock())
+        if choice is None:
+            return score_pb2.HedgeReply(found=False)
+        return score_pb2.HedgeReply(found=True, target=target_pb(choice))
+
+    async def ListModels(self, request: score_pb2.ListModelsRequest,
+                         context: grpc.aio.ServicerContext) -> score_pb2.ListModelsReply:
+        return score_pb2.ListModelsReply(models=[
+            score_pb2.ModelEntry(model=m, version=v, ready=ready)
+            for (m, v), ready in sorted(self.scorer.models(self.clock()).items())])
+
+    async def ReportRouterCounters(self, request: score_pb2.RouterCounters,
+                                   context: grpc.aio.ServicerContext
+                                   ) -> score_pb2.RouterCountersAck:
+        try:
+            worker, counters = router_counters(request)
+        except FieldError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self.workers.update(worker, counters)
+        return score_pb2.RouterCountersAck()
 
     async def Admit(self, request: score_pb2.AdmitRequest,
                     context: grpc.aio.ServicerContext) -> score_pb2.AdmitReply:
@@ -151,12 +236,13 @@ def changed(old: dict[str, float], new: dict[str, float]) -> bool:
 
 
 async def serve(scorer: Scorer, clock: Callable[[], float], addr: tuple[str, int] | str,
-                identity: Callable[[], object]) -> tuple[grpc.aio.Server, str]:
+                identity: Callable[[], object], workers: WorkerCounters | None = None
+                ) -> tuple[grpc.aio.Server, str]:
     """Start the Score service on ``addr`` (``(host, port)`` or a Unix socket path); returns
     the server and the address it is bound to.  Plaintext only on loopback or a Unix socket,
     else mTLS presenting ``identity()`` and requiring a mesh client certificate."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    score_pb2_grpc.add_ScoreServicer_to_server(ScoreService(scorer, clock), server)
+    score_pb2_grpc.add_ScoreServicer_to_server(ScoreService(scorer, clock, workers), server)
     if isinstance(addr, str):
         target = f"unix:{addr}"
         bound = server.add_insecure_port(target)

@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 import os
 import socket
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ DEFAULT_METRICS_PORT = 9464
 DEFAULT_RAFT_PORT = 7950
 DEFAULT_SCORE_PORT = 7961
 DEFAULT_ROUTER_PORT = 9000
+MAX_ROUTER_WORKERS = 64
 
 
 class SettingsError(ValueError):
@@ -116,6 +118,10 @@ class Settings:
     router_tokens: str = ""
     """File of per-tenant bearer tokens for router clients (``tenant token-sha256`` lines);
     without it (and outside ``--dev``) clients must present a mesh client certificate."""
+    router_workers: int = 1
+    """Processes serving the router port: the agent and ``N - 1`` worker processes sharing it
+    (SO_REUSEPORT, Linux), each on its own core.  The kernel spreads client connections over
+    them; one connection stays with one process."""
 
     # --- derived ---------------------------------------------------------------------------
 
@@ -196,6 +202,11 @@ class Settings:
             raise SettingsError("jwt_issuer: required with jwt_jwks/jwt_key")
         if self.jwt_jwks and self.jwt_key:
             raise SettingsError("jwt_jwks, jwt_key: give one of them")
+        if not 1 <= self.router_workers <= MAX_ROUTER_WORKERS:
+            raise SettingsError(f"router_workers: must be 1..{MAX_ROUTER_WORKERS}")
+        if self.router_workers > 1 and not sys.platform.startswith("linux"):
+            raise SettingsError("router_workers: more than 1 needs Linux (the kernel's "
+                                "SO_REUSEPORT balancing)")
         if not 0 <= self.bootstrap_expect <= 15:
             raise SettingsError("bootstrap_expect: must be 0..15 coordinators")
         if self.bootstrap_expect and "coordinator" not in self.roles:
@@ -267,7 +278,7 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
 
 _LISTS = {"join", "roles", "subscribe"}
 _BOOLS = {"retry_join", "dev"}
-_INTS = {"retry_max", "bootstrap_expect"}
+_INTS = {"retry_max", "bootstrap_expect", "router_workers"}
 _FLOATS = {"retry_interval", "cert_lifetime", "queue_interval", "stats_interval"}
 
 
@@ -346,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="score API address (default 127.0.0.1:7961; mTLS unless loopback or unix)")
     a("--router", metavar="ADDR:PORT", help="router ingress, KServe v2 gRPC (default port 9000)")
     a("--router-tokens", metavar="FILE", help="per-tenant bearer tokens for router clients")
+    a("--router-workers", type=int, metavar="N",
+      help="processes serving the router port, this one included (default 1; Linux)")
     return p
 
 

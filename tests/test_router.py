@@ -29,6 +29,7 @@ from meshd.devtriton import TritonServer
 from meshd.fused import FusedState
 from meshd.router import server as router_server
 from meshd.router.auth import token_hash
+from meshd.router.scoring import LocalScoring
 from meshd.score.limiter import LimiterConfig
 from meshd.score.scorer import Scorer
 from meshd.signal_wire import NodeSignals
@@ -59,7 +60,8 @@ class RouterHarness:
         self._feeder = threading.Thread(target=self._feed, daemon=True)
         self._feeder.start()
         self.server, self.router, self.addr = self.call(router_server.serve(
-            self.scorer, self.loop.time, ("127.0.0.1", 0), dev=not tokens_file,
+            LocalScoring(self.scorer, self.loop.time), self.loop.time, ("127.0.0.1", 0),
+            dev=not tokens_file,
             identity=lambda: None, tokens_file=tokens_file))
 
     def call(self, coro: Any, timeout: float = 30) -> Any:
@@ -343,9 +345,10 @@ def test_outside_dev_clients_need_a_certificate_or_a_token(tmp_path: Any) -> Non
     scorer = Scorer(FusedState("r1"))
     servers = []
     try:
-        mtls_only = run(router_server.serve(scorer, loop.time, ("127.0.0.1", 0), dev=False,
+        scoring = LocalScoring(scorer, loop.time)
+        mtls_only = run(router_server.serve(scoring, loop.time, ("127.0.0.1", 0), dev=False,
                                             identity=lambda: node))
-        with_tokens = run(router_server.serve(scorer, loop.time, ("127.0.0.1", 0), dev=False,
+        with_tokens = run(router_server.serve(scoring, loop.time, ("127.0.0.1", 0), dev=False,
                                               identity=lambda: node, tokens_file=str(tokens)))
         servers = [mtls_only[0], with_tokens[0]]
         for _, _, addr in (mtls_only, with_tokens):
@@ -410,3 +413,90 @@ def test_the_client_library_calls_the_chosen_triton_directly(
             client.close()
     finally:
         h.call(server.stop(0))
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
+        two: tuple[RouterHarness, list[TritonServer]]) -> None:
+    """``--router-workers``: worker processes bind one port (SO_REUSEPORT), score through the
+    agent's score API on a Unix socket, report every outcome back (each decision closes) and
+    their counters; a killed worker is restarted; stopping the pool stops them all."""
+    import os
+    import shutil
+    import signal
+    import tempfile
+
+    from meshd import score_api
+    from meshd.router.counters import WorkerCounters
+    from meshd.router.pool import WorkerPool
+
+    h, servers = two
+    d = tempfile.mkdtemp(prefix="meshd-w-")
+    counters = WorkerCounters()
+    score, where = h.call(score_api.serve(h.scorer, h.loop.time, f"{d}/score.sock",
+                                          lambda: None, counters))
+    addr = f"127.0.0.1:{_free_port()}"
+    pool = WorkerPool(2, ["--score", where, "--router", addr, "--data", d, "--node", "w",
+                          "--dev", "--log-level", "warning"])
+    h.call(pool.start())
+
+    def connect() -> tc.InferenceServerClient:  # a connection of its own
+        return tc.InferenceServerClient(addr, channel_args=[("grpc.use_local_subchannel_pool",
+                                                             1)])
+
+    def until(check: Any, timeout: float = 30.0) -> None:
+        end = time.monotonic() + timeout
+        while not check():
+            assert time.monotonic() < end, "timed out"
+            time.sleep(0.1)
+
+    def live() -> bool:
+        try:
+            return bool(connect().is_server_live())
+        except InferenceServerException:
+            return False
+    try:
+        until(lambda: len(pool.pids()) == 2 and live())
+        time.sleep(1.0)  # both workers listening
+        clients = [connect() for _ in range(12)]
+        for c in clients:
+            for _ in range(3):
+                got = add_sub(c, 4)
+                np.testing.assert_array_equal(got.as_numpy("OUTPUT0"),
+                                              np.arange(4, dtype=np.float32).reshape(1, 4) + 1)
+        c = clients[0]
+        assert c.is_server_ready() and c.is_model_ready("add_sub") and not c.is_model_ready("x")
+        index = c.get_model_repository_index(as_json=True)
+        assert {m["name"] for m in index["models"]} >= {"add_sub", "delay"}
+        with pytest.raises(InferenceServerException) as err:
+            c.infer("add_sub", [add_sub_inputs(np.zeros((1, 4), np.float32),
+                                               np.zeros((1, 4), np.float32), tc)[0]])
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+        # every outcome reached the agent: each decision is closed, none left to expire
+        until(lambda: not h.scorer.decisions and h.scorer.counters.outcomes["OK"] >= 36)
+        until(lambda: counters.total().completed >= 36)
+        served_by = [w for w, n in counters.lives.items() if n.requests]
+        assert len(served_by) == 2, dict(counters.lives)
+        assert counters.total().invalid == 1
+
+        killed = pool.pids()[0]
+        os.kill(killed, signal.SIGKILL)
+        until(lambda: pool.restarts == 1 and len(pool.pids()) == 2 and killed not in pool.pids())
+        until(live)
+        for c in [connect() for _ in range(4)]:
+            add_sub(c)
+    finally:
+        pids = pool.pids()
+        h.call(pool.stop(2))
+        h.call(score.stop(0))
+        shutil.rmtree(d, ignore_errors=True)
+    assert not pool.pids()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

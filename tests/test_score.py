@@ -673,7 +673,10 @@ def test_metrics_expose_decisions_sheds_fallbacks_and_shadow() -> None:
     for _ in range(3):
         s.score(ScoreRequest("m", tenant="t"), NOW)
     reg = CollectorRegistry()
-    reg.register(RoutingCollector("r", s))
+    from meshd.router.counters import RouterCounters
+    processes = {"agent": RouterCounters(requests=3, completed=3),
+                 "r/41/7": RouterCounters(requests=2, failed={"UNAVAILABLE": 2})}
+    reg.register(RoutingCollector("r", s, lambda: processes))
     samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
                for fam in text_string_to_metric_families(generate_latest(reg).decode())
                for x in fam.samples}
@@ -687,3 +690,8 @@ def test_metrics_expose_decisions_sheds_fallbacks_and_shadow() -> None:
         ("active", "nope"), ("candidate", "least_queue"), ("model", "m"), ("node", "r")))] == 3
     assert ("meshd_score_decision_seconds_count", (("node", "r"), ("strategy", "nope"))) \
         not in samples  # an unknown strategy never ran
+    # the router's counters sum its processes, and each process's requests show
+    assert samples[("meshd_router_requests_total", (("node", "r"),))] == 5
+    assert samples[("meshd_router_failed_total", (("code", "UNAVAILABLE"), ("node", "r")))] == 2
+    assert samples[("meshd_router_process_requests_total",
+                    (("node", "r"), ("process", "r/41/7")))] == 2

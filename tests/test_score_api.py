@@ -172,3 +172,174 @@ def test_fuzzed_outcome_reports_never_break_the_scorer(data: bytes) -> None:
     scorer.report(msg.decision_id % (out.decision_id + 2), msg.replica, msg.latency_seconds,
                   status, NOW, hedge=msg.hedge, last=msg.last)
     assert all(s.limit.inflight >= 0 for s in scorer.table.stats.values())
+
+
+# --- what router worker processes use ----------------------------------------------------------
+
+
+def test_outcome_batches_are_applied_whole_or_refused_naming_the_report(mesh: Mesh) -> None:
+    async def run() -> None:
+        server, where, scorer = await _serve(mesh)
+        try:
+            async with grpc.aio.insecure_channel(where) as ch:
+                stub = score_pb2_grpc.ScoreStub(ch)
+                dids = [(await stub.ScoreTargets(score_pb2.ScoreRequest(model="m"))).decision_id
+                        for _ in range(3)]
+                assert len(scorer.decisions) == 3
+
+                async def batches() -> AsyncIterator[score_pb2.OutcomeBatch]:
+                    for did in dids[:2]:
+                        yield score_pb2.OutcomeBatch(reports=[score_pb2.OutcomeReport(
+                            decision_id=did, replica="a:1/m/1", latency_seconds=0.002,
+                            last=True)])
+                    yield score_pb2.OutcomeBatch(reports=[score_pb2.OutcomeReport(
+                        decision_id=999, last=True)])
+                ack = await stub.ReportOutcomes(batches())
+                assert (ack.applied, ack.unknown) == (2, 1)
+                assert [d for d in dids if scorer.decisions.get(d)] == [dids[2]]
+                outcomes = dict(scorer.counters.outcomes)
+
+                async def bad() -> AsyncIterator[score_pb2.OutcomeBatch]:
+                    yield score_pb2.OutcomeBatch(reports=[
+                        score_pb2.OutcomeReport(decision_id=dids[2], last=True),
+                        score_pb2.OutcomeReport(decision_id=dids[2], latency_seconds=-1)])
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.ReportOutcomes(bad())
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "reports[1].latency_seconds" in (err.value.details() or "")
+                # nothing of the refused batch was applied
+                assert [d for d in dids if scorer.decisions.get(d)] == [dids[2]]
+                assert dict(scorer.counters.outcomes) == outcomes
+        finally:
+            await server.stop(0)
+    asyncio.run(run())
+
+
+def test_hedge_target_models_and_router_counters(mesh: Mesh) -> None:
+    async def run() -> None:
+        from meshd.router.counters import WorkerCounters
+
+        workers = WorkerCounters()
+        scorer = mesh.scorer()
+        server, where = await score_api.serve(scorer, lambda: NOW, ("127.0.0.1", 0),
+                                              lambda: None, workers)
+        try:
+            async with grpc.aio.insecure_channel(where) as ch:
+                stub = score_pb2_grpc.ScoreStub(ch)
+                reply = await stub.ScoreTargets(score_pb2.ScoreRequest(model="m"))
+                # the first target answers (nothing was sent to it yet): no hedge now
+                hedge = await stub.HedgeTarget(score_pb2.HedgeRequest(
+                    decision_id=reply.decision_id, replica=reply.targets[0].replica))
+                assert not hedge.found
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.HedgeTarget(score_pb2.HedgeRequest(decision_id=1))
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "replica" in (err.value.details() or "")
+
+                listed = await stub.ListModels(score_pb2.ListModelsRequest())
+                assert [(m.model, m.version, m.ready) for m in listed.models] == [
+                    ("m", "1", True)]
+
+                for n in (3, 5):  # a later report of the same life replaces the earlier
+                    await stub.ReportRouterCounters(score_pb2.RouterCounters(
+                        worker="w/1", requests=n, completed=n, failed={"UNAVAILABLE": 1}))
+                await stub.ReportRouterCounters(score_pb2.RouterCounters(
+                    worker="w/2", requests=2, shed={"target_limit": 2}))
+                total = workers.total()
+                assert (total.requests, total.completed) == (7, 5)
+                assert total.failed == {"UNAVAILABLE": 1} and total.shed == {"target_limit": 2}
+                for bad, field in ((score_pb2.RouterCounters(), "worker"),
+                                   (score_pb2.RouterCounters(worker="w", failed={"\n": 1}),
+                                    "failed key"),
+                                   (score_pb2.RouterCounters(worker="w", requests=1 << 63),
+                                    "counters")):
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await stub.ReportRouterCounters(bad)
+                    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    assert field in (err.value.details() or "")
+                assert workers.total().requests == 7
+        finally:
+            await server.stop(0)
+    asyncio.run(run())
+
+
+def test_worker_counters_stay_monotonic_past_the_bound_of_lives() -> None:
+    from meshd.router.counters import MAX_LIVES, RouterCounters, WorkerCounters
+
+    w = WorkerCounters()
+    for i in range(MAX_LIVES + 10):
+        w.update(f"life-{i}", RouterCounters(requests=1, shed={"deadline": 1}))
+    assert len(w.lives) == MAX_LIVES
+    total = w.total(RouterCounters(requests=5))
+    assert total.requests == MAX_LIVES + 10 + 5 and total.shed == {"deadline": MAX_LIVES + 10}
+
+
+def test_remote_scoring_over_a_unix_socket(mesh: Mesh) -> None:
+    """What a router worker sees of the agent's scorer: scores, batched outcomes that close
+    the decisions, weights, models, field errors as ScoreError, and a gone agent as
+    ScoringUnavailable."""
+    import tempfile
+
+    from meshd.router.remote_scoring import RemoteScoring
+    from meshd.router.scoring import ScoringUnavailable
+    from meshd.score.scorer import ScoreRequest
+
+    async def run(path: str) -> None:
+        scorer = mesh.scorer()
+        server, where = await score_api.serve(scorer, lambda: NOW, path, lambda: None)
+        remote = RemoteScoring(where)
+        try:
+            scored = [await remote.score(ScoreRequest("m", payload_bytes=10)) for _ in range(20)]
+            assert all(s.verdict.admit for s in scored)
+            assert scored[0].targets[0].endpoint == "a:1" and scored[0].targets[0].predicted > 0
+            assert len(scorer.decisions) == 20
+            for s in scored:
+                remote.report(s.decision_id, s.targets[0].replica, 0.002, Status.OK, last=True)
+            for _ in range(100):
+                if not scorer.decisions:
+                    break
+                await asyncio.sleep(0.02)
+            assert not scorer.decisions and scorer.counters.outcomes["OK"] == 20
+            assert await remote.hedge_target(scored[0].decision_id, "a:1/m/1") is None
+            weights = await remote.weights("m", "")
+            assert {c.endpoint for c, _ in weights} == {"a:1", "b:1"}
+            assert sum(w for _, w in weights) == pytest.approx(1)
+            assert await remote.weights("nope", "") == []
+            assert await remote.models() == {("m", "1"): True}
+            with pytest.raises(ScoreError) as err:
+                await remote.score(ScoreRequest("m" * 300))
+            assert err.value.field == "model"
+        finally:
+            await server.stop(0)
+        with pytest.raises(ScoringUnavailable):
+            await remote.score(ScoreRequest("m"))
+        await remote.close()
+
+    d = tempfile.mkdtemp(prefix="meshd-test-")
+    try:
+        asyncio.run(run(f"{d}/score.sock"))
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzzed_outcome_batches_and_router_counters_are_checked(data: bytes) -> None:
+    """Any bytes as an OutcomeBatch or RouterCounters: a decode error, a field error naming
+    the field, or checked values; never another exception."""
+    for kind in (score_pb2.OutcomeBatch, score_pb2.RouterCounters):
+        try:
+            msg = kind.FromString(data)
+        except DecodeError:
+            continue
+        try:
+            if isinstance(msg, score_pb2.OutcomeBatch):
+                for i, r in enumerate(msg.reports):
+                    replica, latency, status = score_api.outcome(r, f"reports[{i}].")
+                    assert latency >= 0 and isinstance(status, Status)
+            else:
+                worker, counters = score_api.router_counters(msg)
+                assert worker and counters.requests <= score_api.MAX_COUNT
+        except score_api.FieldError as exc:
+            assert ":" in str(exc)

@@ -53,6 +53,8 @@ RECOVER = SEE
 """Seconds for a restarted Triton's replicas to be ready again everywhere (the adapter's gRPC
 channel caps its reconnect backoff at 1 s: tests/test_triton_adapter.py)."""
 MODELS = ("add_sub", "delay")
+ROUTER_PROCESSES = 3
+"""n1 serves its router port from itself and two worker processes."""
 STALLED_REQUESTS = 6
 
 Key = tuple[str, str, str]
@@ -152,7 +154,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         def args(i: int) -> list[str]:
             common = ["--gpu", "off"]
             if i == 1:
-                return [*common, "--subscribe", "*", "--role", "router"]
+                return [*common, "--subscribe", "*", "--role", "router",
+                        "--router-workers", str(ROUTER_PROCESSES)]
             server = a if i == 2 else b
             return [*common, "--triton", f"{server.grpc_url},metrics={server.metrics_url}"]
 
@@ -402,7 +405,9 @@ def test_killed_triton_is_not_ready_on_the_subscriber_and_recovers(
 
 def test_n1_scores_and_routes_to_the_real_replicas(mesh: Mesh, triton_a: TritonServer) -> None:
     """n1 (``--role router``) ranks both Tritons' ``delay`` replicas on its score API
-    (loopback plaintext) and relays tritonclient calls over mTLS to them."""
+    (loopback plaintext) and relays tritonclient calls over mTLS to them, from each of the
+    processes sharing its router port (the workers present n1's identity from its data
+    directory, and their requests show in n1's metrics)."""
     import numpy as np
     import tritonclient.grpc as tc
 
@@ -419,17 +424,32 @@ def test_n1_scores_and_routes_to_the_real_replicas(mesh: Mesh, triton_a: TritonS
     assert {t.endpoint for t in reply.targets} == {mesh.a.grpc_url, mesh.b.grpc_url}
     assert all(t.predicted_seconds > 0 for t in reply.targets)
     creds = mesh.cluster.admin_creds
-    client = tc.InferenceServerClient(
-        n1.router, ssl=True, root_certificates=str(creds / "bundle.pem"),
-        private_key=str(creds / "key.pem"), certificate_chain=str(creds / "cert.pem"),
-        channel_args=[("grpc.ssl_target_name_override", any_node_dns(TRUST_DOMAIN))])
+
+    def connect() -> tc.InferenceServerClient:  # a TCP connection of its own
+        return tc.InferenceServerClient(
+            n1.router, ssl=True, root_certificates=str(creds / "bundle.pem"),
+            private_key=str(creds / "key.pem"), certificate_chain=str(creds / "cert.pem"),
+            channel_args=[("grpc.ssl_target_name_override", any_node_dns(TRUST_DOMAIN)),
+                          ("grpc.use_local_subchannel_pool", 1)])
     a = np.arange(8, dtype=np.float32).reshape(1, 8)
     b = np.full((1, 8), 2, dtype=np.float32)
-    for _ in range(5):
-        got = client.infer("add_sub", add_sub_inputs(a, b, tc))
-        np.testing.assert_array_equal(got.as_numpy("OUTPUT0"), a + b)
-        np.testing.assert_array_equal(got.as_numpy("OUTPUT1"), a - b)
-    assert client.is_model_ready("delay")
+    for client in [connect() for _ in range(12)]:
+        for _ in range(2):
+            got = client.infer("add_sub", add_sub_inputs(a, b, tc))
+            np.testing.assert_array_equal(got.as_numpy("OUTPUT0"), a + b)
+            np.testing.assert_array_equal(got.as_numpy("OUTPUT1"), a - b)
+        assert client.is_model_ready("delay")
+    deadline = time.monotonic() + 10  # workers report their counters every second
+    while True:
+        samples = n1.metrics()
+        by_process = {lab["process"]: v for name, lab, v in samples
+                      if name == "meshd_router_process_requests_total" and v > 0}
+        if metric_sum(samples, "meshd_router_completed_total") >= 24 or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert metric_sum(samples, "meshd_router_completed_total") >= 24, samples
+    assert len(by_process) >= 2, by_process  # 12 connections over 3 processes
     with grpc.insecure_channel(n1.router) as ch, pytest.raises(grpc.RpcError):
         ch.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=3)
 

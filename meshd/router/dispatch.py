@@ -15,7 +15,7 @@ replica would say the same, at the cost of its time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -68,11 +68,11 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
                    *, upstreams: Upstreams, report: Report, clock: Callable[[], float],
                    deadline: float | None, metadata: Sequence[tuple[str, str]] = (),
                    tally: Tally | None = None,
-                   hedge_to: Callable[[str], Choice | None] | None = None) -> bytes:
+                   hedge_to: Callable[[str], Awaitable[Choice | None]] | None = None) -> bytes:
     """Relay ``raw`` (a serialized request for ``method``) and return the reply bytes, or
     raise :class:`Failed`.  ``deadline`` is absolute, on ``clock``.
 
-    ``hedge_to(replica)``, when given, is asked when the hedge is due, with the replica the
+    ``await hedge_to(replica)``, when given, is asked when the hedge is due, with the replica the
     request waits at: it names the target to hedge to, or None while that replica still
     answers (asked again every half ``hedge_after``).  A request late in a queue that moves
     gets little from a copy elsewhere and adds load where it hurts; one stuck behind a stall
@@ -126,7 +126,9 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
                 if hedge_at is not None and now >= hedge_at:
                     to: Choice | None = None
                     if hedge_to is not None:
-                        to = hedge_to(next(iter(pending.values())).choice.replica)
+                        to = await hedge_to(next(iter(pending.values())).choice.replica)
+                        if any(f.done() for f in pending):
+                            continue  # answered while we asked; closing gives the count back
                         if to is None:
                             hedge_at = now + hedge_after / 2
                             continue

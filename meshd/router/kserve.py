@@ -22,8 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -32,10 +31,12 @@ from tritonclient.grpc import service_pb2
 
 from meshd import __version__
 from meshd.router.auth import SLO_HEADER, ClientAuth, Unauthenticated
+from meshd.router.counters import RouterCounters
 from meshd.router.dispatch import Failed, Tally, dispatch
+from meshd.router.scoring import Scoring, ScoringUnavailable
 from meshd.router.upstream import Upstreams
 from meshd.router.validate import InvalidRequest, ModelSchema, validate
-from meshd.score.scorer import ScoreError, Scorer, ScoreRequest, Status
+from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
 
 log = logging.getLogger("meshd.router")
 
@@ -56,19 +57,6 @@ NO_SERVER_METHODS = {
     "LogSettings": "log settings act on one server",
     "ModelStatistics": "statistics are per server; read the mesh's Prometheus metrics",
 }
-
-
-@dataclass(slots=True)
-class RouterCounters:
-    requests: int = 0
-    completed: int = 0
-    failed: dict[str, int] = field(default_factory=dict)
-    shed: dict[str, int] = field(default_factory=dict)
-    invalid: int = 0
-    hedged: int = 0
-    hedge_won: int = 0
-    failovers: int = 0
-    streams: int = 0
 
 
 class Schemas:
@@ -108,11 +96,12 @@ class Schemas:
 
 
 class KServeRouter:
-    """The ``inference.GRPCInferenceService`` handlers over an in-process scorer."""
+    """The ``inference.GRPCInferenceService`` handlers over a scorer, in this process or
+    the agent's (:mod:`meshd.router.scoring`)."""
 
-    def __init__(self, scorer: Scorer, clock: Callable[[], float], auth: ClientAuth,
+    def __init__(self, scoring: Scoring, clock: Callable[[], float], auth: ClientAuth,
                  *, node: str = "meshd", max_bytes: int = 64 << 20) -> None:
-        self.scorer = scorer
+        self.scoring = scoring
         self.clock = clock
         self.auth = auth
         self.node = node
@@ -151,6 +140,7 @@ class KServeRouter:
 
     async def close(self) -> None:
         await self.upstreams.close()
+        await self.scoring.close()
 
     # --- inference ----------------------------------------------------------------------------
 
@@ -175,9 +165,9 @@ class KServeRouter:
                                 "request is not a ModelInferRequest")
         now = self.clock()
         model, version = req.model_name, req.model_version
-        schema = await self._schema(model, version, now)
+        schema = await self._schema(context, model, version, now)
         if schema is None:
-            c.failed["no_targets"] = c.failed.get("no_targets", 0) + 1
+            self._failed("no_targets")
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"no ready replica of model {model!r} in the mesh")
         assert schema is not None
@@ -187,13 +177,9 @@ class KServeRouter:
             c.invalid += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         remaining = context.time_remaining()
-        try:
-            scored = self.scorer.score(ScoreRequest(
-                model, version, payload, tenant, slo,
-                deadline=remaining if remaining is not None else 0.0), now)
-        except ScoreError as exc:
-            c.invalid += 1
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        scored = await self._score(context, ScoreRequest(
+            model, version, payload, tenant, slo,
+            deadline=remaining if remaining is not None else 0.0))
         v = scored.verdict
         if not v.admit:
             c.shed[v.reason] = c.shed.get(v.reason, 0) + 1
@@ -203,22 +189,24 @@ class KServeRouter:
                                             str(max(1, round(v.retry_after * 1000)))),))
             await context.abort(code, f"shed: {v.reason}; retry after {v.retry_after:.3f} s")
         did = scored.decision_id
-        scorer = self.scorer
+        scoring = self.scoring
         clock = self.clock
 
         def report(replica: str, latency: float, status: Status, hedge: bool,
                    last: bool) -> None:
-            scorer.report(did, replica, latency, status, clock(), hedge=hedge, last=last)
+            scoring.report(did, replica, latency, status, hedge=hedge, last=last)
+
+        def hedge_to(replica: str) -> Awaitable[Choice | None]:
+            return scoring.hedge_target(did, replica)
 
         tally = Tally()
         try:
             reply = await dispatch(raw, "ModelInfer", scored.targets, scored.hedge_after,
                                    upstreams=self.upstreams, report=report, clock=clock,
                                    deadline=None if remaining is None else now + remaining,
-                                   metadata=passed, tally=tally,
-                                   hedge_to=lambda r: scorer.hedge_target(did, r, clock()))
+                                   metadata=passed, tally=tally, hedge_to=hedge_to)
         except Failed as exc:
-            c.failed[exc.code.name] = c.failed.get(exc.code.name, 0) + 1
+            self._failed(exc.code.name)
             await context.abort(exc.code, exc.details)
         finally:
             c.hedged += tally.hedged
@@ -227,13 +215,37 @@ class KServeRouter:
         c.completed += 1
         return reply
 
-    async def _schema(self, model: str, version: str, now: float) -> ModelSchema | None:
+    async def _score(self, context: grpc.aio.ServicerContext, req: ScoreRequest) -> Scored:
+        try:
+            return await self.scoring.score(req)
+        except ScoreError as exc:
+            self.counters.invalid += 1
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except ScoringUnavailable as exc:
+            self._failed("scorer_unavailable")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise AssertionError("unreachable")
+
+    async def _weights(self, context: grpc.aio.ServicerContext, model: str,
+                       version: str) -> list[tuple[Choice, float]]:
+        try:
+            return await self.scoring.weights(model, version)
+        except ScoringUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise AssertionError("unreachable")
+
+    def _failed(self, why: str) -> None:
+        failed = self.counters.failed
+        failed[why] = failed.get(why, 0) + 1
+
+    async def _schema(self, context: grpc.aio.ServicerContext, model: str, version: str,
+                      now: float) -> ModelSchema | None:
         if not model:
             return None
         schema = self.schemas.cached(model, version, now)
         if schema is not None:
             return schema
-        weights, _ = self.scorer.weights(model, version, now)
+        weights = await self._weights(context, model, version)
         endpoints = [c.endpoint for c, _ in sorted(weights, key=lambda x: -x[1])][:3]
         return await self.schemas.get(model, version, endpoints, now)
 
@@ -250,13 +262,8 @@ class KServeRouter:
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "first message is not a ModelInferRequest")
-        now = self.clock()
-        try:
-            scored = self.scorer.score(ScoreRequest(req.model_name, req.model_version,
-                                                    len(first), tenant, slo,
-                                                    idempotent=False), now)
-        except ScoreError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        scored = await self._score(context, ScoreRequest(
+            req.model_name, req.model_version, len(first), tenant, slo, idempotent=False))
         v = scored.verdict
         if not v.admit:
             code = (grpc.StatusCode.UNAVAILABLE if v.reason == "no_targets"
@@ -285,8 +292,8 @@ class KServeRouter:
             call.cancel()
             raise
         finally:
-            self.scorer.report(scored.decision_id, target.replica,
-                               time.monotonic() - started, status, self.clock(), last=True)
+            self.scoring.report(scored.decision_id, target.replica,
+                                time.monotonic() - started, status, last=True)
 
     # --- relayed metadata ---------------------------------------------------------------------
 
@@ -298,7 +305,7 @@ class KServeRouter:
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"request is not a {request_type.__name__}")
-        weights, _ = self.scorer.weights(req.name, req.version, self.clock())
+        weights = await self._weights(context, req.name, req.version)
         if not weights:
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"no ready replica of model {req.name!r} in the mesh")
@@ -327,13 +334,19 @@ class KServeRouter:
     async def server_live(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
 
+    async def _models(self, context: grpc.aio.ServicerContext) -> dict[tuple[str, str], bool]:
+        try:
+            return await self.scoring.models()
+        except ScoringUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise AssertionError("unreachable")
+
     async def server_ready(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
-        ready = any(r.ready for e in self.scorer.fused.nodes.values()
-                    for r in e.signals.replicas)
-        return service_pb2.ServerReadyResponse(ready=ready)
+        """Ready when some model can be routed."""
+        return service_pb2.ServerReadyResponse(ready=any((await self._models(context)).values()))
 
     async def model_ready(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
-        weights, _ = self.scorer.weights(req.name, req.version, self.clock())
+        weights = await self._weights(context, req.name, req.version)
         return service_pb2.ModelReadyResponse(ready=bool(weights))
 
     async def server_metadata(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -342,13 +355,7 @@ class KServeRouter:
 
     async def repository_index(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         """Every model version any node serves: READY where a routable replica is."""
-        now = self.clock()
-        seen: dict[tuple[str, str], bool] = {}
-        for entry in self.scorer.fused.nodes.values():
-            for r in entry.signals.replicas:
-                seen.setdefault((r.model, r.version), False)
-        for model, version in seen:
-            seen[(model, version)] = bool(self.scorer.weights(model, version, now)[0])
+        seen = await self._models(context)
         index = [service_pb2.RepositoryIndexResponse.ModelIndex(
             name=m, version=v, state="READY" if ok else "UNAVAILABLE",
             reason="" if ok else "no routable replica")

@@ -16,11 +16,11 @@ from certs import tls
 from certs.verify import PeerVerifier
 from meshd.router.auth import ClientAuth, load_tokens
 from meshd.router.kserve import KServeRouter
+from meshd.router.scoring import Scoring
 from meshd.router.upstream import MAX_MESSAGE
-from meshd.score.scorer import Scorer
 
 
-async def serve(scorer: Scorer, clock: Callable[[], float], addr: tuple[str, int], *,
+async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, int], *,
                 dev: bool, identity: Callable[[], object], tokens_file: str = "",
                 node: str = "meshd", reuse_port: bool = False,
                 verifier: PeerVerifier | None = None
@@ -29,7 +29,7 @@ async def serve(scorer: Scorer, clock: Callable[[], float], addr: tuple[str, int
     worker processes share the port (the kernel spreads connections over them)."""
     tokens = load_tokens(Path(tokens_file)) if tokens_file else None
     auth = ClientAuth(dev=dev, tokens=tokens, verifier=verifier)
-    router = KServeRouter(scorer, clock, auth, node=node)
+    router = KServeRouter(scoring, clock, auth, node=node)
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.max_receive_message_length", MAX_MESSAGE),

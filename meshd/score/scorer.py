@@ -588,6 +588,19 @@ class Scorer:
             d.hedge_key = best.key
         return _choice(best)
 
+    # --- what the mesh serves ---------------------------------------------------------------
+
+    def models(self, now: float) -> dict[tuple[str, str], bool]:
+        """Every (model, version) any node reports, and whether a routable replica of it is
+        ready: the router's RepositoryIndex and ServerReady."""
+        seen: dict[tuple[str, str], bool] = {}
+        for entry in self.fused.nodes.values():
+            for r in entry.signals.replicas:
+                seen.setdefault((r.model, r.version), False)
+        for model, version in seen:
+            seen[(model, version)] = bool(self.weights(model, version, now)[0])
+        return seen
+
     # --- weights (WatchTargets) --------------------------------------------------------------
 
     def weights(self, model: str, revision: str, now: float) -> tuple[list[tuple[Choice, float]],

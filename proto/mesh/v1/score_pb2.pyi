@@ -161,3 +161,95 @@ class TargetWeights(_message.Message):
     targets: _containers.RepeatedCompositeFieldContainer[WeightedTarget]
     degraded: bool
     def __init__(self, model: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[WeightedTarget, _Mapping]]] = ..., degraded: _Optional[bool] = ...) -> None: ...
+
+class OutcomeBatch(_message.Message):
+    __slots__ = ("reports",)
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[OutcomeReport]
+    def __init__(self, reports: _Optional[_Iterable[_Union[OutcomeReport, _Mapping]]] = ...) -> None: ...
+
+class OutcomesAck(_message.Message):
+    __slots__ = ("applied", "unknown")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    applied: int
+    unknown: int
+    def __init__(self, applied: _Optional[int] = ..., unknown: _Optional[int] = ...) -> None: ...
+
+class HedgeRequest(_message.Message):
+    __slots__ = ("decision_id", "replica")
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    decision_id: int
+    replica: str
+    def __init__(self, decision_id: _Optional[int] = ..., replica: _Optional[str] = ...) -> None: ...
+
+class HedgeReply(_message.Message):
+    __slots__ = ("found", "target")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    target: Target
+    def __init__(self, found: _Optional[bool] = ..., target: _Optional[_Union[Target, _Mapping]] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelEntry(_message.Message):
+    __slots__ = ("model", "version", "ready")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    ready: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., ready: _Optional[bool] = ...) -> None: ...
+
+class ListModelsReply(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelEntry]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelEntry, _Mapping]]] = ...) -> None: ...
+
+class RouterCounters(_message.Message):
+    __slots__ = ("worker", "requests", "completed", "invalid", "hedged", "hedge_won", "failovers", "streams", "failed", "shed")
+    class FailedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ShedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    INVALID_FIELD_NUMBER: _ClassVar[int]
+    HEDGED_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_WON_FIELD_NUMBER: _ClassVar[int]
+    FAILOVERS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    SHED_FIELD_NUMBER: _ClassVar[int]
+    worker: str
+    requests: int
+    completed: int
+    invalid: int
+    hedged: int
+    hedge_won: int
+    failovers: int
+    streams: int
+    failed: _containers.ScalarMap[str, int]
+    shed: _containers.ScalarMap[str, int]
+    def __init__(self, worker: _Optional[str] = ..., requests: _Optional[int] = ..., completed: _Optional[int] = ..., invalid: _Optional[int] = ..., hedged: _Optional[int] = ..., hedge_won: _Optional[int] = ..., failovers: _Optional[int] = ..., streams: _Optional[int] = ..., failed: _Optional[_Mapping[str, int]] = ..., shed: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class RouterCountersAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -54,6 +54,26 @@ class ScoreStub:
                 request_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.WatchRequest.SerializeToString,
                 response_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.TargetWeights.FromString,
                 _registered_method=True)
+        self.ReportOutcomes = channel.stream_unary(
+                '/mesh.v1.Score/ReportOutcomes',
+                request_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.OutcomeBatch.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.OutcomesAck.FromString,
+                _registered_method=True)
+        self.HedgeTarget = channel.unary_unary(
+                '/mesh.v1.Score/HedgeTarget',
+                request_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.HedgeRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.HedgeReply.FromString,
+                _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/mesh.v1.Score/ListModels',
+                request_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.ListModelsReply.FromString,
+                _registered_method=True)
+        self.ReportRouterCounters = channel.unary_unary(
+                '/mesh.v1.Score/ReportRouterCounters',
+                request_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.RouterCounters.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.RouterCountersAck.FromString,
+                _registered_method=True)
 
 
 class ScoreServicer:
@@ -88,6 +108,36 @@ class ScoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportOutcomes(self, request_iterator, context):
+        """Outcomes in batches over one long-lived stream: for router worker processes, whose every
+        request reports at least once (a unary call each would cost more than the routing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HedgeTarget(self, request, context):
+        """Where a decision's hedge should go now, asked when the hedge is due: none while the first
+        target still answers (ask again later).  See Scorer.hedge_target.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModels(self, request, context):
+        """Every model version the mesh serves, and whether a routable replica of it is ready.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportRouterCounters(self, request, context):
+        """A router worker process's request counters, so the agent's metrics count its traffic.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ScoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +160,26 @@ def add_ScoreServicer_to_server(servicer, server):
                     servicer.WatchTargets,
                     request_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.WatchRequest.FromString,
                     response_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.TargetWeights.SerializeToString,
+            ),
+            'ReportOutcomes': grpc.stream_unary_rpc_method_handler(
+                    servicer.ReportOutcomes,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.OutcomeBatch.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.OutcomesAck.SerializeToString,
+            ),
+            'HedgeTarget': grpc.unary_unary_rpc_method_handler(
+                    servicer.HedgeTarget,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.HedgeRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.HedgeReply.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.ListModelsRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.ListModelsReply.SerializeToString,
+            ),
+            'ReportRouterCounters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportRouterCounters,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.RouterCounters.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.RouterCountersAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +290,114 @@ class Score:
             '/mesh.v1.Score/WatchTargets',
             proto_dot_mesh_dot_v1_dot_score__pb2.WatchRequest.SerializeToString,
             proto_dot_mesh_dot_v1_dot_score__pb2.TargetWeights.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportOutcomes(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/mesh.v1.Score/ReportOutcomes',
+            proto_dot_mesh_dot_v1_dot_score__pb2.OutcomeBatch.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_score__pb2.OutcomesAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HedgeTarget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Score/HedgeTarget',
+            proto_dot_mesh_dot_v1_dot_score__pb2.HedgeRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_score__pb2.HedgeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Score/ListModels',
+            proto_dot_mesh_dot_v1_dot_score__pb2.ListModelsRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_score__pb2.ListModelsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportRouterCounters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Score/ReportRouterCounters',
+            proto_dot_mesh_dot_v1_dot_score__pb2.RouterCounters.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_score__pb2.RouterCountersAck.FromString,
             options,
             channel_credentials,
             insecure,

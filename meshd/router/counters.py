@@ -1,0 +1,85 @@
+"""The router's request counters, and their sum over the worker processes sharing its port.
+
+Every router process counts its own requests (the hot path increments integers).  Worker
+processes report theirs to the agent every second (``ReportRouterCounters``); the agent's
+metrics show the sum.  A worker that restarts starts again from zero under a new life name,
+so the sum keeps every earlier life's last report and stays monotonic, as Prometheus
+counters must.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, fields
+
+from proto.mesh.v1 import score_pb2
+
+MAX_LIVES = 256
+"""Worker lives kept by name; older ones are folded into one retired total."""
+_SCALARS = ("requests", "completed", "invalid", "hedged", "hedge_won", "failovers", "streams")
+
+
+@dataclass(slots=True)
+class RouterCounters:
+    requests: int = 0
+    completed: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+    shed: dict[str, int] = field(default_factory=dict)
+    invalid: int = 0
+    hedged: int = 0
+    hedge_won: int = 0
+    failovers: int = 0
+    streams: int = 0
+
+    def add(self, other: RouterCounters) -> None:
+        for name in _SCALARS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.failed, other.failed), (self.shed, other.shed)):
+            for key, n in dict.copy(theirs).items():
+                mine[key] = mine.get(key, 0) + n
+
+    def to_pb(self, worker: str) -> score_pb2.RouterCounters:
+        return score_pb2.RouterCounters(worker=worker, failed=dict.copy(self.failed),
+                                        shed=dict.copy(self.shed),
+                                        **{name: getattr(self, name) for name in _SCALARS})
+
+    @classmethod
+    def from_pb(cls, msg: score_pb2.RouterCounters) -> RouterCounters:
+        return cls(failed=dict(msg.failed), shed=dict(msg.shed),
+                   **{name: getattr(msg, name) for name in _SCALARS})
+
+
+assert {f.name for f in fields(RouterCounters)} == {*_SCALARS, "failed", "shed"}
+
+
+class WorkerCounters:
+    """The latest report of each worker life, and the sum of lives past the bound."""
+
+    def __init__(self) -> None:
+        self.lives: dict[str, RouterCounters] = {}
+        self.retired = RouterCounters()
+        self.reports: Counter[str] = Counter()
+
+    def update(self, worker: str, counters: RouterCounters) -> None:
+        self.lives.pop(worker, None)  # re-inserted last: the dict is oldest-first
+        self.lives[worker] = counters
+        self.reports[worker] += 1
+        while len(self.lives) > MAX_LIVES:
+            oldest = next(iter(self.lives))
+            self.retired.add(self.lives.pop(oldest))
+            del self.reports[oldest]
+
+    def processes(self, local: RouterCounters | None = None) -> dict[str, RouterCounters]:
+        """Counters by process: ``agent`` (``local``), each worker life, and ``retired``
+        (lives past the bound) once there are any."""
+        out = {"agent": local} if local is not None else {}
+        out.update(dict.copy(self.lives))
+        if self.retired.requests or self.retired.streams:  # else it is all zeros
+            out["retired"] = self.retired
+        return out
+
+    def total(self, local: RouterCounters | None = None) -> RouterCounters:
+        out = RouterCounters()
+        for counters in self.processes(local).values():
+            out.add(counters)
+        return out

@@ -1,0 +1,67 @@
+"""What the router asks of a scorer, wherever the scorer lives.
+
+The router in the agent's own process calls the :class:`~meshd.score.scorer.Scorer` directly
+(:class:`LocalScoring`).  Router worker processes sharing the port ask the agent over its
+score API (:class:`meshd.router.remote_scoring.RemoteScoring`).  One interface lets the same
+:class:`~meshd.router.kserve.KServeRouter` serve either way; the calls are coroutines because
+the remote ones are, and an in-process coroutine costs about a microsecond.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from meshd.score.scorer import Choice, Scored, Scorer, ScoreRequest, Status
+
+
+class ScoringUnavailable(Exception):
+    """The scorer cannot be reached (the agent is gone or restarting)."""
+
+
+class Scoring(Protocol):
+    async def score(self, req: ScoreRequest) -> Scored:
+        """Ranked targets, verdict and hedge delay (ScoreError names a bad field)."""
+
+    def report(self, decision_id: int, replica: str, latency: float, status: Status, *,
+               hedge: bool = False, last: bool = False) -> None:
+        """How one attempt ended.  Never waits: the router does not hold a reply for it."""
+
+    async def hedge_target(self, decision_id: int, replica: str) -> Choice | None:
+        """Where the hedge of a request waiting at ``replica`` should go now, or None."""
+
+    async def weights(self, model: str, version: str) -> list[tuple[Choice, float]]:
+        """The model's routable targets and their shares."""
+
+    async def models(self) -> dict[tuple[str, str], bool]:
+        """Every (model, version) in the mesh, and whether a routable replica is ready."""
+
+    async def close(self) -> None: ...
+
+
+class LocalScoring:
+    """The agent's own scorer, in this process."""
+
+    def __init__(self, scorer: Scorer, clock: Callable[[], float]) -> None:
+        self.scorer = scorer
+        self.clock = clock
+
+    async def score(self, req: ScoreRequest) -> Scored:
+        return self.scorer.score(req, self.clock())
+
+    def report(self, decision_id: int, replica: str, latency: float, status: Status, *,
+               hedge: bool = False, last: bool = False) -> None:
+        self.scorer.report(decision_id, replica, latency, status, self.clock(), hedge=hedge,
+                           last=last)
+
+    async def hedge_target(self, decision_id: int, replica: str) -> Choice | None:
+        return self.scorer.hedge_target(decision_id, replica, self.clock())
+
+    async def weights(self, model: str, version: str) -> list[tuple[Choice, float]]:
+        return self.scorer.weights(model, version, self.clock())[0]
+
+    async def models(self) -> dict[tuple[str, str], bool]:
+        return self.scorer.models(self.clock())
+
+    async def close(self) -> None:
+        pass

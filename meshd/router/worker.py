@@ -1,0 +1,162 @@
+"""A router worker process: one more process serving the router port, so the router uses
+more than one core (Python gRPC serves a process's requests on one).
+
+The agent starts ``--router-workers N - 1`` of these beside its own router (see
+:mod:`meshd.router.pool`).  Each binds the same port with SO_REUSEPORT, and the kernel
+spreads new client connections over the processes; one HTTP/2 connection stays with one
+process, so a single client uses one core however many workers there are.
+
+A worker holds no routing state of its own: it scores through the agent's score API on a
+Unix socket (:class:`~meshd.router.remote_scoring.RemoteScoring`), so every process routes on
+the agent's one view and its admission limits hold across processes.  It presents the
+node's identity from the agent's data directory and picks up a renewed certificate and new
+revocations from there.  It exits when the agent does.
+
+    python -m meshd.router.worker --score unix:PATH --router HOST:PORT --data DIR --node N
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from certs.identity import Identity, IdentityError
+from certs.revocation import Revocations
+from certs.verify import PeerVerifier
+from meshd import logs
+from meshd.router import server as router_server
+from meshd.router.auth import TokenFileError
+from meshd.router.remote_scoring import RemoteScoring
+from meshd.router.scoring import ScoringUnavailable
+from meshd.settings import SettingsError, parse_hostport
+
+log = logging.getLogger("meshd.router")
+
+REFRESH = 1.0
+"""Seconds between looks at the agent (alive?), the identity files and revocations, and
+between counter reports."""
+GRACE = 5.0
+"""Seconds in-flight requests get to finish when the worker is told to stop."""
+
+
+class Files:
+    """The node's identity and revocations as the agent keeps them on disk, reloaded when
+    they change (a renewal, a revocation)."""
+
+    def __init__(self, data: Path) -> None:
+        self.id_dir = data / "identity"
+        self.revocations_file = data / "revocations.json"
+        self.identity = Identity.load(self.id_dir)
+        td = self.identity.spiffe_id.trust_domain
+        self.verifier = PeerVerifier(
+            self.identity.bundle, td, Revocations(self.identity.bundle, td,
+                                                  self.revocations_file),
+            intermediates=self.identity.chain[1:])
+        self._stamps = self._stat()
+
+    def _stat(self) -> tuple[float, ...]:
+        out = []
+        for path in (self.id_dir / "cert.pem", self.id_dir / "key.pem", self.revocations_file):
+            try:
+                out.append(path.stat().st_mtime)
+            except OSError:
+                out.append(0.0)
+        return tuple(out)
+
+    def refresh(self) -> None:
+        stamps = self._stat()
+        if stamps == self._stamps:
+            return
+        self._stamps = stamps
+        try:
+            ident = Identity.load(self.id_dir)
+        except IdentityError as exc:  # caught mid-write; the next look gets it
+            log.warning("cannot reload identity", extra={"event": "identity_reload_failed",
+                                                         "detail": str(exc)})
+            return
+        if ident.chain != self.identity.chain:
+            self.identity = ident
+            self.verifier.set_bundle(ident.bundle)
+        td = ident.spiffe_id.trust_domain
+        self.verifier.revocations.cutoffs = Revocations(ident.bundle, td,
+                                                        self.revocations_file).cutoffs
+
+
+async def run(args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    files = None if args.dev else Files(Path(args.data))
+    scoring = RemoteScoring(args.score)
+    addr = parse_hostport(args.router, 0, "router")
+    server, router, where = await router_server.serve(
+        scoring, loop.time, addr, dev=args.dev,
+        identity=lambda: files.identity if files is not None else None,
+        tokens_file=args.tokens, node=args.node, reuse_port=True,
+        verifier=files.verifier if files is not None else None)
+    life = f"{args.node}/{os.getpid()}/{int(loop.time() * 1000)}"
+    log.info("router worker started", extra={"event": "router_worker_started",
+                                              "router": where, "worker": life})
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not on this platform's loop
+            pass
+    parent = os.getppid()
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), REFRESH)
+            except TimeoutError:
+                pass
+            if os.getppid() != parent:
+                log.warning("the agent is gone; stopping", extra={"event": "agent_gone"})
+                break
+            if files is not None:
+                files.refresh()
+            try:
+                await scoring.send_counters(router.counters.to_pb(life))
+            except ScoringUnavailable as exc:
+                log.warning("cannot report counters", extra={
+                    "event": "router_counters_failed", "detail": str(exc)})
+    finally:
+        await server.stop(GRACE)
+        try:
+            await scoring.send_counters(router.counters.to_pb(life))
+        except ScoringUnavailable:
+            pass
+        await router.close()
+    log.info("router worker stopped", extra={"event": "router_worker_stopped"})
+    return 0
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m meshd.router.worker",
+                                description="A router worker process (started by meshd).")
+    p.add_argument("--score", required=True, help="the agent's score API (unix:PATH)")
+    p.add_argument("--router", required=True, help="the router address to share, HOST:PORT")
+    p.add_argument("--data", required=True, help="the agent's data directory")
+    p.add_argument("--node", required=True)
+    p.add_argument("--tokens", default="", help="per-tenant bearer token file")
+    p.add_argument("--dev", action="store_true", help="plaintext port (dev mode)")
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    logs.setup(args.node, args.log_level)
+    try:
+        return asyncio.run(run(args))
+    except (IdentityError, TokenFileError, SettingsError, OSError) as exc:
+        log.error("router worker cannot start", extra={"event": "router_worker_failed",
+                                                       "detail": str(exc)})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
