@@ -20,7 +20,13 @@ with two [1, 16] FP32 inputs (built once):
   the Triton endpoint as a ready replica of ``add_sub`` on one node (its ``at`` times
   refreshed every 0.5 s, as ``tests/test_router.py``'s RouterHarness does), a ``Scorer`` over
   it (default policy: ``hybrid``) and ``meshd.router.server.serve(..., dev=True)`` on
-  loopback.
+  loopback;
+* ``worker``: tritonclient -> a router worker process (``meshd.router.worker``, started by the
+  router child through ``meshd.router.pool.WorkerPool``, as ``--router-workers`` does) on a
+  port of its own, scoring through the router child's score link on a Unix socket.  Its CPU
+  per request is the worker's plus the router child's (which serves the score calls and
+  outcome stream in that round): what one request through a worker costs the node.  No bar:
+  it is the price of serving one port from several cores.
 
 Each proxy runs in its own process and measures its own CPU (``getrusage(RUSAGE_SELF)``: user
 + system, all threads), asked before and after each round: CPU per request = the difference
@@ -86,7 +92,8 @@ from bench.table import (  # noqa: E402
     verdict,
 )
 
-PATHS = ("direct", "proxy", "router")
+PATHS = ("direct", "proxy", "router", "worker")
+PROXIES = ("proxy", "router", "worker")
 MODEL = "add_sub"
 WIDTH = 16
 CPU_RATIO_BAR = 1.2
@@ -148,13 +155,17 @@ async def _child(kind: str, spec: dict[str, Any]) -> int:
     counters: Callable[[], dict[str, Any]]
     closers: list[Callable[[], Any]] = []
     breakdown: Breakdown | None = None
+    first: dict[str, Any] = {"pid": os.getpid()}
     if kind == "proxy":
         server, addr = await _bare_proxy(upstream)
         counters = dict
     else:
         server, addr, counters, close, breakdown = await _router(upstream)
         closers.append(close)
-    print(json.dumps({"addr": addr, "pid": os.getpid()}), flush=True)
+        first["worker_addr"], first["worker_pid"], stop_worker = await _worker(
+            breakdown.scorer)
+        closers.insert(0, stop_worker)
+    print(json.dumps({"addr": addr, **first}), flush=True)
 
     stop = asyncio.Event()
     profiler: list[Any] = []
@@ -365,6 +376,64 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
     return server, addr, counters, close, Breakdown(router, scorer)
 
 
+async def _worker(scorer: Any) -> tuple[str, int, Callable[[], Any]]:
+    """A router worker process over ``scorer``'s score API on a Unix socket: its address,
+    its pid, and a coroutine function that stops it."""
+    import socket
+
+    from meshd import score_api, score_link
+    from meshd.router.pool import WorkerPool
+
+    loop = asyncio.get_running_loop()
+    d = tempfile.mkdtemp(prefix="meshd-bench-w-")
+    score, where = await score_api.serve(scorer, loop.time, f"{d}/score.sock", lambda: None)
+    link, _ = await score_link.serve(scorer, loop.time, f"{d}/link.sock")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    pool = WorkerPool(1, ["--score", where, "--link", f"{d}/link.sock", "--router",
+                          f"127.0.0.1:{port}", "--data", d, "--node", "bench", "--dev",
+                          "--log-level", "warning"])
+    await pool.start()
+    end = loop.time() + 60
+    while True:  # listening?
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            break
+        except OSError:
+            if loop.time() > end:
+                raise RuntimeError("the router worker never listened") from None
+            await asyncio.sleep(0.1)
+
+    async def stop() -> None:
+        await pool.stop(1)
+        await score.stop(0)
+        link.close()
+        shutil.rmtree(d, ignore_errors=True)
+    return f"127.0.0.1:{port}", pool.pids()[0], stop
+
+
+class WorkerPath:
+    """The ``worker`` path: the worker process's CPU (``/proc``) plus the router child's,
+    which serves the worker's score calls."""
+
+    def __init__(self, router: Child) -> None:
+        self.router = router
+        self.addr = str(router.info["worker_addr"])
+        self.pid = int(router.info["worker_pid"])
+
+    def cpu(self) -> dict[str, Any]:
+        r = self.router.cpu()
+        w = proc_cpu_s(self.pid)
+        if w is None:
+            raise RuntimeError("the router worker exited")
+        return {**r, "cpu": r["cpu"] + w, "worker_cpu": w, "agent_cpu": r["cpu"]}
+
+    def stop(self) -> dict[str, Any]:
+        return {}  # the router child stops it
+
+
 class Child(child.Child):
     """A proxy process of this script."""
 
@@ -502,7 +571,8 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
             acc: dict[str, dict[str, Any]] = {
                 p: {"lat": [], "rounds": [], "cpu_s": 0.0, "loop_cpu_s": 0.0, "gc_s": 0.0,
                     "gc_count": [0, 0, 0], "triton_cpu_s": 0.0, "client_cpu_s": 0.0,
-                    "calls": 0, "wall_s": 0.0, "cpu_per_req_ms": [], "throughput": []}
+                    "calls": 0, "wall_s": 0.0, "cpu_per_req_ms": [], "throughput": [],
+                    "agent_cpu_s": 0.0}
                 for p in PATHS}
             watch = Others(ours)
             for rnd in range(rounds):
@@ -520,6 +590,7 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
                     e["lat"].extend(lat)
                     e["rounds"].append(distribution(lat))
                     e["cpu_s"] += c1["cpu"] - c0["cpu"]
+                    e["agent_cpu_s"] += c1.get("agent_cpu", 0.0) - c0.get("agent_cpu", 0.0)
                     e["loop_cpu_s"] += c1["loop_cpu"] - c0["loop_cpu"]
                     e["gc_s"] += sum(c1["gc_s"]) - sum(c0["gc_s"])
                     e["gc_count"] = [a + y - x for a, x, y in
@@ -552,9 +623,10 @@ def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
                                           if p in children else None),
                     "gc_collections": e["gc_count"] if p in children else None,
                     "triton_cpu_ms_per_request": e["triton_cpu_s"] / e["calls"] * 1000,
+                    "agent_cpu_ms_per_request": e["agent_cpu_s"] / e["calls"] * 1000,
                     "client_cpu_ms_per_request": e["client_cpu_s"] / e["calls"] * 1000}
             d = res["paths"]["direct"]["round_latency_us"]
-            for p in ("proxy", "router"):
+            for p in PROXIES:
                 r = res["paths"][p]["round_latency_us"]
                 res["paths"][p]["added_p50_us_pooled"] = (
                     res["paths"][p]["latency_us"]["p50"] - res["paths"]["direct"]["latency_us"]
@@ -593,6 +665,8 @@ def profile(args: argparse.Namespace, triton: Any, children: dict[str, Child],
                           "us_per_request": v["cpu_s"] / n * 1e6}
                       for k, v in sorted(steps.items(), key=lambda kv: -kv[1]["cpu_s"])}}
         for kind, child in children.items():
+            if isinstance(child, WorkerPath):
+                continue  # its CPU is in two processes; the router's profile covers scoring
             aio.round(kind, 100, 8)
             path = workdir / f"{kind}.pstats"
             child.cmd("profile-start")
@@ -655,7 +729,7 @@ def build_rows(results: dict[str, Any]) -> list[list[str]]:
         rows.append([f"latency at concurrency 1, {p}",
                      f"p50 {_ms(d['p50'])}, p99 {_ms(d['p99'])} ({d['n']} requests; round "
                      f"p50s {min(r50) / 1000:.3f}-{max(r50) / 1000:.3f} ms)", "", "-"])
-    for p in ("router", "proxy"):
+    for p in ("router", "proxy", "worker"):
         e = c1["paths"][p]
         pooled, paired = e["added_p50_us_pooled"], e["added_p50_us_paired_median"]
         bar = p == "router"
@@ -686,6 +760,12 @@ def build_rows(results: dict[str, Any]) -> list[list[str]]:
                      f"{ratio:.2f}x (per-round ratios {min(rr_rounds):.2f}-"
                      f"{max(rr_rounds):.2f}, median {statistics.median(rr_rounds):.2f})",
                      f"<= {CPU_RATIO_BAR:g}x", verdict(ratio <= CPU_RATIO_BAR)])
+        w = res["paths"]["worker"]
+        rows.append([f"CPU per request, worker path (worker + agent), concurrency {phase}",
+                     f"{w['cpu_ms_per_request']:.3f} ms ({w['agent_cpu_ms_per_request']:.3f} ms "
+                     f"of it the agent's) = {w['proxy_cores']:.2f} cores; "
+                     f"{w['cpu_ms_per_request'] / res['paths']['proxy']['cpu_ms_per_request']:.2f}"
+                     "x the proxy (10 ms /proc ticks for the worker)", "", "-"])
     for p in PATHS:
         e = c8["paths"][p]
         d = e["latency_us"]
@@ -853,6 +933,8 @@ def main(argv: list[str] | None = None) -> int:
             children[kind] = Child(kind, {"upstream": triton.grpc_url},
                                    workdir / f"{kind}.log")
             log(f"{kind} (pid {children[kind].pid}) on {children[kind].addr}")
+        children["worker"] = WorkerPath(children["router"])  # type: ignore[assignment]
+        log(f"router worker (pid {children['worker'].pid}) on {children['worker'].addr}")
         try:
             results["measure"] = measure(args, triton, children, workdir)
         except Exception as exc:  # noqa: BLE001 - reported

@@ -18,6 +18,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from adapters.triton import TritonEndpoint
@@ -29,7 +30,7 @@ from gossip.keyring import Keyring
 from gossip.protocol import Swim
 from gossip.state import Addr, NodeMeta
 from gossip.transport import GossipTransport, family_of
-from meshd import admin, nodestate, score_api
+from meshd import admin, nodestate, score_api, score_link
 from meshd.authz import Authorizer
 from meshd.control import RAFT_SECTION, ControlPlane
 from meshd.coordinates import CoordinatePlane
@@ -175,6 +176,9 @@ class Agent:
         """Router worker processes sharing its port (``--router-workers``)."""
         self.worker_counters = WorkerCounters()
         self._workers_score: object | None = None
+        self._workers_link: asyncio.Server | None = None
+        self.link_counts: Counter[str] = Counter()
+        """The score link's calls and malformed frames (``--router-workers``)."""
         self._workers_dir = ""
 
     @property
@@ -576,18 +580,22 @@ class Agent:
 
     async def _start_router_workers(self, router_where: str) -> None:
         """``--router-workers N``: N - 1 processes beside this router, scoring through a
-        score API on a Unix socket of their own (in the data directory, 0700)."""
+        score API and a score link on Unix sockets of their own, in the data directory."""
         s = self.settings
-        path = Path(s.data_path()) / "router-score.sock"
-        if len(str(path)) > 100:  # sun_path holds 108 bytes
+        where = Path(s.data_path())
+        if len(str(where)) > 80:  # sun_path holds 108 bytes
             self._workers_dir = tempfile.mkdtemp(prefix="meshd-")
-            path = Path(self._workers_dir) / "score.sock"
-        path.unlink(missing_ok=True)
-        self._workers_score, where = await score_api.serve(
-            self.scorer, asyncio.get_running_loop().time, str(path),
-            lambda: self.security.identity, self.worker_counters)
-        argv = ["--score", where, "--router", router_where, "--data", s.data_path(),
-                "--node", s.node, "--log-level", s.log_level]
+            where = Path(self._workers_dir)
+        api_path, link_path = where / "router-score.sock", where / "router-link.sock"
+        api_path.unlink(missing_ok=True)
+        clock = asyncio.get_running_loop().time
+        self._workers_score, api = await score_api.serve(
+            self.scorer, clock, str(api_path), lambda: self.security.identity,
+            self.worker_counters)
+        self._workers_link, self.link_counts = await score_link.serve(
+            self.scorer, clock, str(link_path))
+        argv = ["--score", api, "--link", str(link_path), "--router", router_where,
+                "--data", s.data_path(), "--node", s.node, "--log-level", s.log_level]
         if s.router_tokens:
             argv += ["--tokens", os.path.abspath(s.router_tokens)]
         if s.dev:
@@ -615,6 +623,8 @@ class Agent:
             await asyncio.gather(*stops)
             if self.router is not None:
                 await self.router.close()
+        if self._workers_link is not None:
+            self._workers_link.close()
         if self._workers_score is not None:
             await self._workers_score.stop(0)  # type: ignore[attr-defined]
             if self._workers_dir:

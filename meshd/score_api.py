@@ -18,7 +18,8 @@ import grpc
 
 from certs import tls
 from meshd.router.counters import RouterCounters, WorkerCounters
-from meshd.score.scorer import Choice, ScoreError, Scorer, ScoreRequest, Status
+from meshd.score.admission import Verdict
+from meshd.score.scorer import Choice, Scored, ScoreError, Scorer, ScoreRequest, Status
 from meshd.settings import is_loopback
 from proto.mesh.v1 import score_pb2, score_pb2_grpc
 
@@ -77,6 +78,24 @@ def target_pb(c: Choice) -> score_pb2.Target:
                             service_seconds=c.service, zone=c.zone)
 
 
+def score_reply(scored: Scored) -> score_pb2.ScoreReply:
+    v = scored.verdict
+    return score_pb2.ScoreReply(
+        targets=[target_pb(c) for c in scored.targets],
+        verdict=score_pb2.Verdict(admit=v.admit, reason=v.reason,
+                                  retry_after_seconds=v.retry_after),
+        hedge_after_seconds=scored.hedge_after, decision_id=scored.decision_id,
+        strategy=scored.strategy, degraded=scored.degraded)
+
+
+def scored_of(reply: score_pb2.ScoreReply) -> Scored:
+    """The scorer's result for a wire reply (the inverse of :func:`score_reply`)."""
+    v = reply.verdict
+    return Scored([choice_of(t) for t in reply.targets],
+                  Verdict(v.admit, v.reason, v.retry_after_seconds), reply.hedge_after_seconds,
+                  reply.decision_id, reply.strategy, reply.degraded)
+
+
 def choice_of(t: score_pb2.Target) -> Choice:
     """The scorer's choice for a wire target (the inverse of :func:`target_pb`)."""
     return Choice(t.node, t.endpoint, t.replica, t.version, t.zone, t.predicted_seconds,
@@ -91,6 +110,11 @@ def outcome(msg: score_pb2.OutcomeReport, field: str = "") -> tuple[str, float, 
         raise FieldError(f"{field}status", f"unknown outcome status {msg.status}") from None
     return (_text(msg.replica, f"{field}replica"),
             _seconds(msg.latency_seconds, f"{field}latency_seconds"), status)
+
+
+def hedge_request(msg: score_pb2.HedgeRequest) -> tuple[int, str]:
+    """A hedge request's decision id and replica, checked (FieldError names a bad field)."""
+    return msg.decision_id, _text(msg.replica, "replica", required=True)
 
 
 def router_counters(msg: score_pb2.RouterCounters) -> tuple[str, RouterCounters]:
@@ -123,13 +147,7 @@ class ScoreService(score_pb2_grpc.ScoreServicer):
             scored = self.scorer.score(score_request(request), self.clock())
         except (FieldError, ScoreError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        v = scored.verdict
-        return score_pb2.ScoreReply(
-            targets=[target_pb(c) for c in scored.targets],
-            verdict=score_pb2.Verdict(admit=v.admit, reason=v.reason,
-                                      retry_after_seconds=v.retry_after),
-            hedge_after_seconds=scored.hedge_after, decision_id=scored.decision_id,
-            strategy=scored.strategy, degraded=scored.degraded)
+        return score_reply(scored)
 
     async def ReportOutcome(self, request: score_pb2.OutcomeReport,
                             context: grpc.aio.ServicerContext) -> score_pb2.OutcomeAck:
@@ -166,10 +184,10 @@ class ScoreService(score_pb2_grpc.ScoreServicer):
     async def HedgeTarget(self, request: score_pb2.HedgeRequest,
                           context: grpc.aio.ServicerContext) -> score_pb2.HedgeReply:
         try:
-            replica = _text(request.replica, "replica", required=True)
+            did, replica = hedge_request(request)
         except FieldError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        choice = self.scorer.hedge_target(request.decision_id, replica, self.clock())
+        choice = self.scorer.hedge_target(did, replica, self.clock())
         if choice is None:
             return score_pb2.HedgeReply(found=False)
         return score_pb2.HedgeReply(found=True, target=target_pb(choice))

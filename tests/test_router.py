@@ -432,7 +432,7 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
     import signal
     import tempfile
 
-    from meshd import score_api
+    from meshd import score_api, score_link
     from meshd.router.counters import WorkerCounters
     from meshd.router.pool import WorkerPool
 
@@ -441,9 +441,10 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
     counters = WorkerCounters()
     score, where = h.call(score_api.serve(h.scorer, h.loop.time, f"{d}/score.sock",
                                           lambda: None, counters))
+    link, link_counts = h.call(score_link.serve(h.scorer, h.loop.time, f"{d}/link.sock"))
     addr = f"127.0.0.1:{_free_port()}"
-    pool = WorkerPool(2, ["--score", where, "--router", addr, "--data", d, "--node", "w",
-                          "--dev", "--log-level", "warning"])
+    pool = WorkerPool(2, ["--score", where, "--link", f"{d}/link.sock", "--router", addr,
+                          "--data", d, "--node", "w", "--dev", "--log-level", "warning"])
     h.call(pool.start())
 
     def connect() -> tc.InferenceServerClient:  # a connection of its own
@@ -484,6 +485,8 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
         served_by = [w for w, n in counters.lives.items() if n.requests]
         assert len(served_by) == 2, dict(counters.lives)
         assert counters.total().invalid == 1
+        assert link_counts["score"] >= 36 and link_counts["reports"] >= 36
+        assert not link_counts["malformed"]
 
         killed = pool.pids()[0]
         os.kill(killed, signal.SIGKILL)
@@ -495,6 +498,7 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
         pids = pool.pids()
         h.call(pool.stop(2))
         h.call(score.stop(0))
+        link.close()
         shutil.rmtree(d, ignore_errors=True)
     assert not pool.pids()
     for pid in pids:

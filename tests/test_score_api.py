@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshd import score_api
+from meshd import score_api, score_link
 from meshd.score.scorer import ScoreError, Status
 from proto.mesh.v1 import score_pb2, score_pb2_grpc
 from tests.test_score import NOW, Mesh, rep
@@ -284,10 +284,12 @@ def test_remote_scoring_over_a_unix_socket(mesh: Mesh) -> None:
     from meshd.router.scoring import ScoringUnavailable
     from meshd.score.scorer import ScoreRequest
 
-    async def run(path: str) -> None:
+    async def run(d: str) -> None:
         scorer = mesh.scorer()
-        server, where = await score_api.serve(scorer, lambda: NOW, path, lambda: None)
-        remote = RemoteScoring(where)
+        server, where = await score_api.serve(scorer, lambda: NOW, f"{d}/score.sock",
+                                              lambda: None)
+        link, counts = await score_link.serve(scorer, lambda: NOW, f"{d}/link.sock")
+        remote = RemoteScoring(where, f"{d}/link.sock")
         try:
             scored = [await remote.score(ScoreRequest("m", payload_bytes=10)) for _ in range(20)]
             assert all(s.verdict.admit for s in scored)
@@ -309,15 +311,27 @@ def test_remote_scoring_over_a_unix_socket(mesh: Mesh) -> None:
             with pytest.raises(ScoreError) as err:
                 await remote.score(ScoreRequest("m" * 300))
             assert err.value.field == "model"
+            assert (counts["score"], counts["reports"], counts["malformed"]) == (21, 20, 0)
+            # the link breaks and nothing listens (the agent restarting): calls fail fast;
+            # once it listens again, the next call reconnects
+            link.close()
+            assert remote._link is not None and remote._link.transport is not None
+            remote._link.transport.close()
+            await asyncio.sleep(0.05)
+            with pytest.raises(ScoringUnavailable):
+                await remote.score(ScoreRequest("m"))
+            link, counts = await score_link.serve(scorer, lambda: NOW, f"{d}/link.sock")
+            assert (await remote.score(ScoreRequest("m"))).verdict.admit
         finally:
             await server.stop(0)
+            link.close()
         with pytest.raises(ScoringUnavailable):
-            await remote.score(ScoreRequest("m"))
+            await remote.models()
         await remote.close()
 
     d = tempfile.mkdtemp(prefix="meshd-test-")
     try:
-        asyncio.run(run(f"{d}/score.sock"))
+        asyncio.run(run(d))
     finally:
         import shutil
         shutil.rmtree(d, ignore_errors=True)

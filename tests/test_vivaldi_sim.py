@@ -9,6 +9,7 @@ a reference median and a bar of 1.1x.  All runs happen once, in a module-scoped 
 from __future__ import annotations
 
 import math
+import multiprocessing
 import random
 import statistics
 from concurrent.futures import ProcessPoolExecutor
@@ -86,7 +87,10 @@ class Results:
 
 @pytest.fixture(scope="module")
 def results() -> Results:
-    with ProcessPoolExecutor(max_workers=WORKERS) as pool:
+    # Spawned, not forked: a fork of a test process that has run gRPC tests inherits its
+    # threads' state and its heap (seen: a 20 s run taking over 10 minutes under xdist).
+    with ProcessPoolExecutor(max_workers=WORKERS,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
         # The longest jobs first.
         drift = [pool.submit(drift_run, s) for s in SEEDS]
         runs = {name: [pool.submit(run_topology, name, s, CYCLES) for s in SEEDS]

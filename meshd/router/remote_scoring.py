@@ -4,12 +4,13 @@ A worker shares the router port with the agent (SO_REUSEPORT) so that more than 
 parse, validate and relay requests; the scorer stays in the agent, where the fused view,
 the decisions and every target's estimates live, so all workers route on one state.
 
-Per request this costs one ``ScoreTargets`` round trip on the agent's Unix socket.
-Outcomes are not a round trip each: they are queued and written in batches on one
-long-lived ``ReportOutcomes`` stream, reopened if it breaks (a report lost then is a decision
-the agent releases at its deadline).  Weights, used only off the hot path (model configs,
-``ModelReady``, relayed metadata), come from a ``WatchTargets`` stream per model that is
-dropped after a minute without use.
+The calls every request makes go over the score link (:mod:`meshd.score_link`), one frame
+each way on a Unix socket: a score, and a hedge target when one is due.  Outcomes are not a
+round trip each: those reported in one turn of the event loop go out as one frame (a report
+lost to a broken link is a decision the agent releases at its deadline).  The rest is the
+gRPC score API: weights, used only off the hot path (model configs, ``ModelReady``, relayed
+metadata), from a ``WatchTargets`` stream per model that is dropped after a minute without
+use; the model list; the counters.
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
 
+from meshd import score_link
 from meshd.router.scoring import ScoringUnavailable
-from meshd.score.admission import Verdict
 from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
-from meshd.score_api import choice_of
+from meshd.score_api import choice_of, scored_of
 from proto.mesh.v1 import score_pb2, score_pb2_grpc
 
 log = logging.getLogger("meshd.router")
@@ -33,10 +33,7 @@ log = logging.getLogger("meshd.router")
 CALL_TIMEOUT = 2.0
 """Seconds a score API call may take before the request is answered UNAVAILABLE."""
 MAX_BATCH = 1024
-"""Outcomes written in one message (the agent takes at most 4096)."""
-MAX_QUEUED = 65536
-"""Outcomes held while the stream is down; beyond this the oldest are dropped."""
-REOPEN_DELAY = 0.2
+"""Outcomes written in one frame (the agent takes at most 4096)."""
 WATCH_IDLE = 60.0
 """Seconds after its last use that a model's weights stream is closed."""
 
@@ -49,75 +46,143 @@ class _Watch:
     task: asyncio.Task[None] | None = None
 
 
-class RemoteScoring:
-    """A :class:`~meshd.router.scoring.Scoring` over the agent's score API at ``target``
-    (a gRPC target such as ``unix:/var/lib/meshd/score.sock``)."""
+class _Link(asyncio.Protocol):
+    """The worker's end of the score link: calls awaiting their reply, by call id."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self) -> None:
+        self.frames = score_link.Frames()
+        self.transport: asyncio.Transport | None = None
+        self.calls: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.frames.feed(data)
+        except score_link.FrameError as exc:
+            log.warning("malformed frame from the agent", extra={
+                "event": "score_link_malformed", "detail": str(exc)})
+            assert self.transport is not None
+            self.transport.close()
+            return
+        for kind, call, payload in frames:
+            fut = self.calls.pop(call, None)
+            if fut is not None and not fut.done():
+                fut.set_result((kind, payload))
+            elif kind == score_link.ERROR:  # a refused report (no call waits for it)
+                log.warning("the agent refused outcome reports", extra={
+                    "event": "reports_refused", "detail": payload.decode(errors="replace")})
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        calls, self.calls = self.calls, {}
+        for fut in calls.values():
+            if not fut.done():
+                fut.set_exception(ScoringUnavailable("the score link to the agent closed"))
+
+
+class RemoteScoring:
+    """A :class:`~meshd.router.scoring.Scoring` over the agent's score link at ``link`` (a
+    Unix socket path) and its gRPC score API at ``target`` (such as
+    ``unix:/var/lib/meshd/score.sock``)."""
+
+    def __init__(self, target: str, link: str) -> None:
         self.channel = grpc.aio.insecure_channel(target)
         self.stub = score_pb2_grpc.ScoreStub(self.channel)
+        self.link_path = link
+        self._link: _Link | None = None
+        self._connecting: asyncio.Future[_Link] | None = None
+        self._next_call = 0
         self._outcomes: list[score_pb2.OutcomeReport] = []
-        self._wake = asyncio.Event()
         self._watches: dict[tuple[str, str], _Watch] = {}
-        self._reporter: asyncio.Task[None] | None = None
         self.dropped = 0
-        """Outcomes dropped because the stream stayed down while they piled up."""
+        """Outcomes dropped because the link was down when they were sent."""
 
     # --- the hot path -----------------------------------------------------------------------
+
+    def _connect_soon(self) -> asyncio.Future[_Link]:
+        """The connection being made (one at a time, shared by the calls that wait)."""
+        if self._connecting is None:
+            fut = self._connecting = asyncio.ensure_future(self._connect())
+            fut.add_done_callback(self._connect_done)
+        return self._connecting
+
+    def _connect_done(self, fut: asyncio.Future[_Link]) -> None:
+        if self._connecting is fut:
+            self._connecting = None
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a failed connect is retried by the next call
+
+    async def _connect(self) -> _Link:
+        loop = asyncio.get_running_loop()
+        try:
+            _, link = await asyncio.wait_for(
+                loop.create_unix_connection(_Link, self.link_path), CALL_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            raise ScoringUnavailable(f"cannot reach the agent's score link at "
+                                     f"{self.link_path}: {exc}") from None
+        self._link = link
+        return link
+
+    async def _call(self, kind: int, payload: bytes) -> tuple[int, bytes]:
+        link = self._link
+        if link is None or link.lost:
+            link = await asyncio.shield(self._connect_soon())
+        self._next_call = call = (self._next_call + 1) & 0xFFFFFFFF
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+        link.calls[call] = fut
+        assert link.transport is not None
+        link.transport.write(score_link.frame(kind, call, payload))
+        timer = loop.call_later(CALL_TIMEOUT, _expire, fut, link.calls, call)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
 
     async def score(self, req: ScoreRequest) -> Scored:
         msg = score_pb2.ScoreRequest(
             model=req.model, revision=req.revision, payload_bytes=req.payload_bytes,
             tenant=req.tenant, slo_class=req.slo_class, deadline_seconds=req.deadline,
             exclude=list(req.exclude), idempotent=req.idempotent)
-        try:
-            reply = await self.stub.ScoreTargets(msg, timeout=CALL_TIMEOUT)
-        except grpc.aio.AioRpcError as exc:
-            raise _failure(exc) from None
-        v = reply.verdict
-        return Scored([choice_of(t) for t in reply.targets],
-                      Verdict(v.admit, v.reason, v.retry_after_seconds),
-                      reply.hedge_after_seconds, reply.decision_id, reply.strategy,
-                      reply.degraded)
+        kind, payload = await self._call(score_link.SCORE, msg.SerializeToString())
+        if kind == score_link.ERROR:
+            field, _, message = payload.decode(errors="replace").partition(": ")
+            raise ScoreError(field, message)
+        return scored_of(score_pb2.ScoreReply.FromString(payload))
 
     def report(self, decision_id: int, replica: str, latency: float, status: Status, *,
                hedge: bool = False, last: bool = False) -> None:
-        if self._reporter is None:
-            self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
-        queued = self._outcomes
-        queued.append(score_pb2.OutcomeReport(
+        if not self._outcomes:  # the first this turn: send them all at the turn's end
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outcomes.append(score_pb2.OutcomeReport(
             decision_id=decision_id, replica=replica, latency_seconds=latency,
             status=int(status), hedge=hedge, last=last))  # type: ignore[arg-type]
-        if len(queued) > MAX_QUEUED:
-            del queued[:len(queued) - MAX_QUEUED]
-            self.dropped += 1
-        self._wake.set()
 
-    async def _batches(self) -> AsyncIterator[score_pb2.OutcomeBatch]:
-        while True:
-            if not self._outcomes:
-                self._wake.clear()
-                await self._wake.wait()
-            batch = self._outcomes[:MAX_BATCH]
-            del self._outcomes[:MAX_BATCH]
-            yield score_pb2.OutcomeBatch(reports=batch)
-
-    async def _report_loop(self) -> None:
-        while True:
-            try:
-                await self.stub.ReportOutcomes(self._batches())
-            except grpc.aio.AioRpcError as exc:
-                log.warning("outcome stream to the agent broke", extra={
-                    "event": "outcome_stream_broken", "code": exc.code().name,
-                    "detail": exc.details() or ""})
-            await asyncio.sleep(REOPEN_DELAY)
+    def _flush(self) -> None:
+        outcomes, self._outcomes = self._outcomes, []
+        link = self._link
+        if link is None or link.lost or link.transport is None:
+            self.dropped += len(outcomes)
+            self._connect_soon()  # for the next ones
+            return
+        for i in range(0, len(outcomes), MAX_BATCH):
+            batch = score_pb2.OutcomeBatch(reports=outcomes[i:i + MAX_BATCH])
+            link.transport.write(score_link.frame(score_link.REPORT, 0,
+                                                  batch.SerializeToString()))
 
     async def hedge_target(self, decision_id: int, replica: str) -> Choice | None:
+        msg = score_pb2.HedgeRequest(decision_id=decision_id, replica=replica)
         try:
-            reply = await self.stub.HedgeTarget(score_pb2.HedgeRequest(
-                decision_id=decision_id, replica=replica), timeout=CALL_TIMEOUT)
-        except grpc.aio.AioRpcError:
+            kind, payload = await self._call(score_link.HEDGE, msg.SerializeToString())
+        except ScoringUnavailable:
             return None  # no hedge: the first attempt goes on, as it would without one
+        if kind != score_link.HEDGED:
+            return None
+        reply = score_pb2.HedgeReply.FromString(payload)
         return choice_of(reply.target) if reply.found else None
 
     # --- off the hot path -------------------------------------------------------------------
@@ -173,17 +238,22 @@ class RemoteScoring:
             raise _failure(exc) from None
 
     async def close(self) -> None:
+        if self._outcomes:  # each report releases a decision's admission: send them
+            self._flush()
         tasks = [w.task for w in self._watches.values() if w.task is not None]
-        if self._reporter is not None:
-            # What is queued goes out first: each report releases a decision's admission.
-            deadline = time.monotonic() + 1.0
-            while self._outcomes and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            tasks.append(self._reporter)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._link is not None and self._link.transport is not None:
+            self._link.transport.close()
         await self.channel.close()
+
+
+def _expire(fut: asyncio.Future[tuple[int, bytes]],
+            calls: dict[int, asyncio.Future[tuple[int, bytes]]], call: int) -> None:
+    calls.pop(call, None)
+    if not fut.done():
+        fut.set_exception(ScoringUnavailable(f"the agent did not answer in {CALL_TIMEOUT} s"))
 
 
 def _failure(exc: grpc.aio.AioRpcError) -> Exception:

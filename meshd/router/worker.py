@@ -6,13 +6,14 @@ The agent starts ``--router-workers N - 1`` of these beside its own router (see
 spreads new client connections over the processes; one HTTP/2 connection stays with one
 process, so a single client uses one core however many workers there are.
 
-A worker holds no routing state of its own: it scores through the agent's score API on a
-Unix socket (:class:`~meshd.router.remote_scoring.RemoteScoring`), so every process routes on
-the agent's one view and its admission limits hold across processes.  It presents the
-node's identity from the agent's data directory and picks up a renewed certificate and new
-revocations from there.  It exits when the agent does.
+A worker holds no routing state of its own: it scores through the agent's score link and
+score API on Unix sockets (:class:`~meshd.router.remote_scoring.RemoteScoring`), so every
+process routes on the agent's one view and its admission limits hold across processes.  It
+presents the node's identity from the agent's data directory and picks up a renewed
+certificate and new revocations from there.  It exits when the agent does.
 
-    python -m meshd.router.worker --score unix:PATH --router HOST:PORT --data DIR --node N
+    python -m meshd.router.worker --score unix:PATH --link PATH --router HOST:PORT \
+        --data DIR --node N
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class Files:
 async def run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     files = None if args.dev else Files(Path(args.data))
-    scoring = RemoteScoring(args.score)
+    scoring = RemoteScoring(args.score, args.link)
     addr = parse_hostport(args.router, 0, "router")
     server, router, where = await router_server.serve(
         scoring, loop.time, addr, dev=args.dev,
@@ -138,6 +139,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m meshd.router.worker",
                                 description="A router worker process (started by meshd).")
     p.add_argument("--score", required=True, help="the agent's score API (unix:PATH)")
+    p.add_argument("--link", required=True, help="the agent's score link (a socket path)")
     p.add_argument("--router", required=True, help="the router address to share, HOST:PORT")
     p.add_argument("--data", required=True, help="the agent's data directory")
     p.add_argument("--node", required=True)

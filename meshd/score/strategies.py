@@ -101,15 +101,15 @@ class Hybrid:
         rnd = ctx.rng.random
         best = min(map(_by_predicted, targets))
         spread = ctx.routing.randomization * best
-        costs = [t.p_seconds + rnd() * spread for t in targets]
         penalty = ctx.routing.zone_penalty
         zone = ctx.zone
-        for i, t in enumerate(targets):
-            if zone and t.zone != zone:
-                costs[i] += penalty
-            h = t.gpu_headroom
-            if h is not None and h < HEADROOM_FLOOR:
-                costs[i] += t.p_seconds * HEADROOM_PENALTY * (1 - h / HEADROOM_FLOOR)
+        floor = HEADROOM_FLOOR
+        # One pass (the scoring path's second loop over every target).
+        costs = [t.p_seconds + rnd() * spread
+                 + (penalty if zone and t.zone != zone else 0.0)
+                 + (0.0 if (h := t.gpu_headroom) is None or h >= floor
+                    else t.p_seconds * HEADROOM_PENALTY * (1 - h / floor))
+                 for t in targets]
         chosen = heapq.nsmallest(ctx.limit, range(len(targets)), key=costs.__getitem__)
         return [targets[i] for i in chosen]
 

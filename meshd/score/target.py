@@ -195,25 +195,28 @@ def predict_all(targets: Iterable[Target], units: int, now: float,
     scoring path's inner loop, so it avoids a call per target."""
     for t in targets:
         stats = t.stats
-        inflight = stats.limit.inflight
+        own = stats.limit.inflight
         spu = t.spu
+        instances = t.instances
         per_request = stats.units_per_request * spu
-        backlog = t.backlog
-        if own_only:
-            backlog = 0
-        elif backlog and per_request > 0:
-            backlog -= int((now - t.queue_at) * t.instances / per_request + 1e-9)
-        if stats.orphans:
-            if t.queue_at > stats.orphans_sent and t.backlog < stats.orphans:
+        backlog = 0 if own_only else t.backlog
+        if backlog and per_request > 0:
+            backlog -= int((now - t.queue_at) * instances / per_request + 1e-9)
+        inflight = own
+        orphans = stats.orphans
+        if orphans:
+            if t.queue_at > stats.orphans_sent and t.backlog < orphans:
                 stats.runtime_progress(t.backlog, t.queue_at)
-            inflight += stats.orphan_backlog(now, per_request, t.instances)
+                orphans = stats.orphans
+            inflight += stats.orphan_backlog(now, per_request, instances)
         inflight += stats.hedges
         if backlog < inflight:
             backlog = inflight
         c = stats.correction
-        queue = backlog * per_request * c / t.instances
-        if stats.limit.inflight or stats.orphans:  # the common idle case costs no call
-            queue += stats.stalled_for(now, per_request * c / t.instances)
+        gap = per_request * c / instances  # one request's share of the queue
+        queue = backlog * gap
+        if own or orphans:  # the common idle case costs no call
+            queue += stats.stalled_for(now, gap)
         service = units * spu * c
         t.p_backlog = backlog
         t.p_queue = queue
