@@ -544,6 +544,31 @@ def test_a_hedge_goes_out_only_from_a_silent_target_to_the_quickest_other_now() 
     assert a.stats.orphans == 0 and not a.silent(NOW + 0.26) and a.p_queue < 0.01
 
 
+def test_a_hedge_count_is_given_back_when_its_decision_closes_or_expires() -> None:
+    """A hedge whose outcome never comes (the first answered, the router closed the
+    decision; or the router went away) must not leave its target looking busy."""
+    mesh = Mesh()
+    mesh.node("a", rep("a:1", spu=0.002))
+    mesh.node("b", rep("b:1", spu=0.004))
+    mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
+    s = mesh.scorer(config=ScoreConfig(decision_ttl=5, expiry_grace=1))
+    closed = s.score(ScoreRequest("m"), NOW)
+    expired = s.score(ScoreRequest("m"), NOW)
+    for out in (closed, expired):
+        first = out.targets[0].replica
+        to = s.hedge_target(out.decision_id, first, NOW + 0.1)
+        assert to is not None and to.replica != first
+    other = s.table.by_key[s.hedge_target(closed.decision_id, closed.targets[0].replica,
+                             NOW + 0.1).replica]  # asked again: counted once
+    assert other.stats.hedges == 2
+    # the first answered; the router closed the decision without the hedge's outcome
+    s.report(closed.decision_id, closed.targets[0].replica, 0.1, Status.OK, NOW + 0.1)
+    assert other.stats.hedges == 1
+    # nobody reports the other decision: it expires, and its hedge with it
+    s.score(ScoreRequest("m"), NOW + 6.1)
+    assert s.decisions.expired >= 1 and other.stats.hedges == 0
+
+
 def test_hedge_after_follows_the_observed_quantile() -> None:
     mesh = Mesh()
     mesh.node("a", rep("a:1", spu=0.05))  # predictions far above the quantile tested
