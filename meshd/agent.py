@@ -570,6 +570,10 @@ class Agent:
 
     def stop(self) -> None:
         self.stopping.set()
+        if self.router_workers is not None:
+            # A signal to the process group (Ctrl-C, systemd, timeout) reaches the workers too:
+            # their exits from now on are the shutdown, not crashes to restart.
+            self.router_workers.closing()
 
     def _router_counters(self) -> dict[str, RouterCounters] | None:
         """The router's counters by process: this one's and its workers' (None: no router
@@ -594,7 +598,10 @@ class Agent:
             self.worker_counters)
         self._workers_link, self.link_counts = await score_link.serve(
             self.scorer, clock, str(link_path))
-        argv = ["--score", api, "--link", str(link_path), "--router", router_where,
+        host = s.router_addr()[0]
+        port = router_where.rsplit(":", 1)[1]  # the port bound, should the setting say 0
+        router = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        argv = ["--score", api, "--link", str(link_path), "--router", router,
                 "--data", s.data_path(), "--node", s.node, "--log-level", s.log_level]
         if s.router_tokens:
             argv += ["--tokens", os.path.abspath(s.router_tokens)]

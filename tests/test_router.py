@@ -446,6 +446,7 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
     pool = WorkerPool(2, ["--score", where, "--link", f"{d}/link.sock", "--router", addr,
                           "--data", d, "--node", "w", "--dev", "--log-level", "warning"])
     h.call(pool.start())
+    survivors: list[int] = []
 
     def connect() -> tc.InferenceServerClient:  # a connection of its own
         return tc.InferenceServerClient(addr, channel_args=[("grpc.use_local_subchannel_pool",
@@ -494,6 +495,15 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
         until(live)
         for c in [connect() for _ in range(4)]:
             add_sub(c)
+        # a signal to the agent's process group reaches the workers too: once the agent is
+        # closing, their exits are not crashes to restart
+        pool.closing()
+        survivors = pool.pids()
+        for pid in survivors:
+            os.kill(pid, signal.SIGTERM)
+        until(lambda: not pool.pids())
+        time.sleep(1.5)  # past the first restart backoff
+        assert pool.restarts == 1 and not pool.pids()
     finally:
         pids = pool.pids()
         h.call(pool.stop(2))
@@ -501,6 +511,6 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
         link.close()
         shutil.rmtree(d, ignore_errors=True)
     assert not pool.pids()
-    for pid in pids:
+    for pid in pids + survivors:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

@@ -4,7 +4,9 @@
 Restarts back off (1 s, doubling to 30 s, reset after a worker has run for a minute), so a
 worker that cannot start (a port taken by something else, a broken token file) does not
 spin.  On shutdown each is asked to stop (SIGTERM: it stops taking connections and lets
-in-flight requests finish) and killed if it has not after the grace.
+in-flight requests finish) and killed if it has not after the grace.  A signal sent to the
+agent's whole process group (Ctrl-C, systemd, ``timeout``) reaches the workers at the same
+moment; :meth:`WorkerPool.closing` keeps those exits from being taken for crashes.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ class WorkerPool:
                 "restart_in": delay})
             await asyncio.sleep(delay)
             delay = min(BACKOFF[1], delay * 2)
+
+    def closing(self) -> None:
+        """No more restarts: the agent is shutting down."""
+        self._stopping = True
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p is not None and p.returncode is None]
