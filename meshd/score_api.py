@@ -112,9 +112,29 @@ def outcome(msg: score_pb2.OutcomeReport, field: str = "") -> tuple[str, float, 
             _seconds(msg.latency_seconds, f"{field}latency_seconds"), status)
 
 
-def hedge_request(msg: score_pb2.HedgeRequest) -> tuple[int, str]:
-    """A hedge request's decision id and replica, checked (FieldError names a bad field)."""
-    return msg.decision_id, _text(msg.replica, "replica", required=True)
+def apply_outcomes(scorer: Scorer, batch: score_pb2.OutcomeBatch, now: float
+                   ) -> tuple[int, int]:
+    """Check a batch of reports whole, then apply it: (applied, unknown decisions).
+    FieldError names a bad field, and then nothing of the batch is applied."""
+    if len(batch.reports) > MAX_BATCH:
+        raise FieldError("reports", f"at most {MAX_BATCH} in one batch")
+    checked = [(r, *outcome(r, f"reports[{i}].")) for i, r in enumerate(batch.reports)]
+    applied = 0
+    report = scorer.report
+    for r, replica, latency, status in checked:
+        applied += report(r.decision_id, replica, latency, status, now, hedge=r.hedge,
+                          last=r.last)
+    return applied, len(checked) - applied
+
+
+def hedge_reply(scorer: Scorer, msg: score_pb2.HedgeRequest, now: float
+                ) -> score_pb2.HedgeReply:
+    """Where a decision's hedge should go now (FieldError names a bad field)."""
+    choice = scorer.hedge_target(msg.decision_id, _text(msg.replica, "replica", required=True),
+                                 now)
+    if choice is None:
+        return score_pb2.HedgeReply(found=False)
+    return score_pb2.HedgeReply(found=True, target=target_pb(choice))
 
 
 def router_counters(msg: score_pb2.RouterCounters) -> tuple[str, RouterCounters]:
@@ -126,10 +146,7 @@ def router_counters(msg: score_pb2.RouterCounters) -> tuple[str, RouterCounters]
         for key in values:
             _text(key, f"{name} key")
     counters = RouterCounters.from_pb(msg)
-    if any(v > MAX_COUNT for v in (counters.requests, counters.completed, counters.invalid,
-                                   counters.hedged, counters.hedge_won, counters.failovers,
-                                   counters.streams, *counters.failed.values(),
-                                   *counters.shed.values())):
+    if any(v > MAX_COUNT for v in counters.counts()):
         raise FieldError("counters", f"a count above {MAX_COUNT}")
     return worker, counters
 
@@ -163,34 +180,22 @@ class ScoreService(score_pb2_grpc.ScoreServicer):
                              context: grpc.aio.ServicerContext) -> score_pb2.OutcomesAck:
         """Each batch is checked whole before any of it is applied."""
         applied = unknown = 0
-        report = self.scorer.report
         async for batch in request_iterator:
-            if len(batch.reports) > MAX_BATCH:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"reports: at most {MAX_BATCH} in one batch")
             try:
-                checked = [(r, *outcome(r, f"reports[{i}].")) for i, r in enumerate(batch.reports)]
+                a, u = apply_outcomes(self.scorer, batch, self.clock())
             except FieldError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            now = self.clock()
-            for r, replica, latency, status in checked:
-                if report(r.decision_id, replica, latency, status, now, hedge=r.hedge,
-                          last=r.last):
-                    applied += 1
-                else:
-                    unknown += 1
+            applied += a
+            unknown += u
         return score_pb2.OutcomesAck(applied=applied, unknown=unknown)
 
     async def HedgeTarget(self, request: score_pb2.HedgeRequest,
                           context: grpc.aio.ServicerContext) -> score_pb2.HedgeReply:
         try:
-            did, replica = hedge_request(request)
+            return hedge_reply(self.scorer, request, self.clock())
         except FieldError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        choice = self.scorer.hedge_target(did, replica, self.clock())
-        if choice is None:
-            return score_pb2.HedgeReply(found=False)
-        return score_pb2.HedgeReply(found=True, target=target_pb(choice))
+        raise AssertionError("unreachable")
 
     async def ListModels(self, request: score_pb2.ListModelsRequest,
                          context: grpc.aio.ServicerContext) -> score_pb2.ListModelsReply:

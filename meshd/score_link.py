@@ -34,13 +34,11 @@ from google.protobuf.message import DecodeError
 
 from meshd.score.scorer import ScoreError, Scorer
 from meshd.score_api import (
-    MAX_BATCH,
     FieldError,
-    hedge_request,
-    outcome,
+    apply_outcomes,
+    hedge_reply,
     score_reply,
     score_request,
-    target_pb,
 )
 from proto.mesh.v1 import score_pb2
 
@@ -133,22 +131,13 @@ class LinkServer(asyncio.Protocol):
             scored = self.scorer.score(req, self.clock())
             return frame(SCORED, call, score_reply(scored).SerializeToString())
         if kind == REPORT:
-            batch = score_pb2.OutcomeBatch.FromString(payload)
-            if len(batch.reports) > MAX_BATCH:
-                raise FieldError("reports", f"at most {MAX_BATCH} in one batch")
-            checked = [(r, *outcome(r, f"reports[{i}].")) for i, r in enumerate(batch.reports)]
-            now = self.clock()
-            report = self.scorer.report
-            for r, replica, latency, status in checked:
-                report(r.decision_id, replica, latency, status, now, hedge=r.hedge,
-                       last=r.last)
-            self.counts["reports"] += len(checked)
+            applied, unknown = apply_outcomes(
+                self.scorer, score_pb2.OutcomeBatch.FromString(payload), self.clock())
+            self.counts["reports"] += applied + unknown
             return b""
         if kind == HEDGE:
-            did, replica = hedge_request(score_pb2.HedgeRequest.FromString(payload))
-            choice = self.scorer.hedge_target(did, replica, self.clock())
-            reply = (score_pb2.HedgeReply(found=True, target=target_pb(choice))
-                     if choice is not None else score_pb2.HedgeReply(found=False))
+            reply = hedge_reply(self.scorer, score_pb2.HedgeRequest.FromString(payload),
+                                self.clock())
             return frame(HEDGED, call, reply.SerializeToString())
         raise DecodeError(f"a worker does not send kind {kind}")
 

@@ -38,6 +38,11 @@ class RouterCounters:
             for key, n in dict.copy(theirs).items():
                 mine[key] = mine.get(key, 0) + n
 
+    def counts(self) -> list[int]:
+        """Every count held, scalar and keyed."""
+        return [*(getattr(self, name) for name in _SCALARS), *dict.copy(self.failed).values(),
+                *dict.copy(self.shed).values()]
+
     def to_pb(self, worker: str) -> score_pb2.RouterCounters:
         return score_pb2.RouterCounters(worker=worker, failed=dict.copy(self.failed),
                                         shed=dict.copy(self.shed),

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -39,6 +39,7 @@ from meshd.router.validate import InvalidRequest, ModelSchema, validate
 from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
 
 log = logging.getLogger("meshd.router")
+T = TypeVar("T")
 
 PASS_HEADERS = frozenset({"traceparent", "tracestate"})
 SCHEMA_TTL = 60.0
@@ -226,10 +227,10 @@ class KServeRouter:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         raise AssertionError("unreachable")
 
-    async def _weights(self, context: grpc.aio.ServicerContext, model: str,
-                       version: str) -> list[tuple[Choice, float]]:
+    async def _ask(self, context: grpc.aio.ServicerContext, call: Awaitable[T]) -> T:
+        """A scorer call off the hot path; an unreachable scorer is UNAVAILABLE."""
         try:
-            return await self.scoring.weights(model, version)
+            return await call
         except ScoringUnavailable as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         raise AssertionError("unreachable")
@@ -245,7 +246,7 @@ class KServeRouter:
         schema = self.schemas.cached(model, version, now)
         if schema is not None:
             return schema
-        weights = await self._weights(context, model, version)
+        weights = await self._ask(context, self.scoring.weights(model, version))
         endpoints = [c.endpoint for c, _ in sorted(weights, key=lambda x: -x[1])][:3]
         return await self.schemas.get(model, version, endpoints, now)
 
@@ -305,7 +306,7 @@ class KServeRouter:
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"request is not a {request_type.__name__}")
-        weights = await self._weights(context, req.name, req.version)
+        weights = await self._ask(context, self.scoring.weights(req.name, req.version))
         if not weights:
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"no ready replica of model {req.name!r} in the mesh")
@@ -334,19 +335,13 @@ class KServeRouter:
     async def server_live(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
 
-    async def _models(self, context: grpc.aio.ServicerContext) -> dict[tuple[str, str], bool]:
-        try:
-            return await self.scoring.models()
-        except ScoringUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        raise AssertionError("unreachable")
-
     async def server_ready(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         """Ready when some model can be routed."""
-        return service_pb2.ServerReadyResponse(ready=any((await self._models(context)).values()))
+        models = await self._ask(context, self.scoring.models())
+        return service_pb2.ServerReadyResponse(ready=any(models.values()))
 
     async def model_ready(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
-        weights = await self._weights(context, req.name, req.version)
+        weights = await self._ask(context, self.scoring.weights(req.name, req.version))
         return service_pb2.ModelReadyResponse(ready=bool(weights))
 
     async def server_metadata(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -355,7 +350,7 @@ class KServeRouter:
 
     async def repository_index(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         """Every model version any node serves: READY where a routable replica is."""
-        seen = await self._models(context)
+        seen = await self._ask(context, self.scoring.models())
         index = [service_pb2.RepositoryIndexResponse.ModelIndex(
             name=m, version=v, state="READY" if ok else "UNAVAILABLE",
             reason="" if ok else "no routable replica")

@@ -256,9 +256,6 @@ def _expire(fut: asyncio.Future[tuple[int, bytes]],
         fut.set_exception(ScoringUnavailable(f"the agent did not answer in {CALL_TIMEOUT} s"))
 
 
-def _failure(exc: grpc.aio.AioRpcError) -> Exception:
-    details = exc.details() or exc.code().name
-    if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-        field, _, message = details.partition(": ")
-        return ScoreError(field, message or details)
-    return ScoringUnavailable(f"the agent's score API: {exc.code().name}: {details}")
+def _failure(exc: grpc.aio.AioRpcError) -> ScoringUnavailable:
+    return ScoringUnavailable(f"the agent's score API: {exc.code().name}: "
+                              f"{exc.details() or exc.code().name}")

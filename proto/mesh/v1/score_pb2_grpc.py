@@ -109,8 +109,10 @@ class ScoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportOutcomes(self, request_iterator, context):
-        """Outcomes in batches over one long-lived stream: for router worker processes, whose every
-        request reports at least once (a unary call each would cost more than the routing).
+        """Outcomes in batches over one long-lived stream: for high-rate routers in other processes,
+        whose every request reports at least once (a unary call each costs more than the
+        routing).  The agent's own router worker processes use the score link instead
+        (meshd/score_link.py), with the same messages.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
