@@ -11,6 +11,7 @@ visibly grows old instead of silently staying "current".  Pure: time is an argum
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +20,9 @@ from meshd.signal_wire import NodeSignals
 
 OUTCOME_EWMA = 0.2
 """Weight of one observed outcome in a target's latency average."""
+CHANGE_LOG = 1024
+"""Node changes remembered for :meth:`FusedState.changed_since` (a reader further behind
+rebuilds from scratch)."""
 
 
 @dataclass(slots=True)
@@ -62,6 +66,8 @@ class FusedState:
         self.generation = 0
         """Counts changes to ``nodes``: readers that cache what they derive (the scorer's
         target table) rebuild when it moves."""
+        self._log: deque[str] = deque(maxlen=CHANGE_LOG)
+        """The node each of the last generations changed (the newest last)."""
 
     def update(self, node: str, sig: NodeSignals, via: str, now: float) -> bool:
         """Take ``sig`` unless what we hold from ``node`` is newer; True when taken."""
@@ -72,11 +78,22 @@ class FusedState:
             return False
         self.nodes[node] = NodeEntry(sig, via, now)
         self.generation += 1
+        self._log.append(node)
         return True
 
     def forget(self, node: str) -> None:
         if self.nodes.pop(node, None) is not None:
             self.generation += 1
+            self._log.append(node)
+
+    def changed_since(self, generation: int) -> set[str] | None:
+        """The nodes whose entry changed after ``generation`` (None: too long ago to say), so
+        that a reader can patch what it derived instead of deriving it again."""
+        behind = self.generation - generation
+        if behind < 0 or behind > len(self._log):
+            return None
+        log = self._log
+        return {log[-i] for i in range(1, behind + 1)}
 
     def observe_start(self, replica: str, now: float) -> None:
         ob = self.observed.setdefault(replica, Observed())

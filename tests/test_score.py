@@ -643,6 +643,92 @@ def test_targets_are_rebuilt_on_change_not_per_request() -> None:
     assert s.table.builds == 3
 
 
+def test_one_nodes_telemetry_rebuilds_only_its_targets() -> None:
+    """A telemetry update patches the model's targets: the other nodes' targets (and what
+    they cache) are kept, and the result is what a whole build gives."""
+    mesh = Mesh()
+    for n in "abc":
+        mesh.node(n, rep(f"{n}:1", queue=2))
+    s = mesh.scorer()
+    s.score(ScoreRequest("m"), NOW)
+    before = {t.key: t for t in s.table.targets("m", NOW).eligible}
+    mesh.node("b", rep("b:1", queue=5), rep("b:2", spu=0.0))
+    mesh.fused.forget("c")
+    patched = {t.key: t for t in s.table.targets("m", NOW).eligible}
+    assert patched["a:1/m/1"] is before["a:1/m/1"] and patched["b:1/m/1"] is not before["b:1/m/1"]
+    assert sorted(patched) == ["a:1/m/1", "b:1/m/1", "b:2/m/1"]
+    assert patched["b:1/m/1"].backlog == 5
+    assert patched["b:2/m/1"].spu == pytest.approx(0.01)  # no figure: the model's median
+    whole = mesh.scorer().table.targets("m", NOW)
+    assert {t.key: (t.backlog, t.spu, t.queue_at) for t in whole.eligible} == {
+        k: (t.backlog, t.spu, t.queue_at) for k, t in patched.items()}
+    assert s.table.targets("m", NOW).oldest_queue == whole.oldest_queue
+
+
+def test_a_change_log_too_short_falls_back_to_a_whole_build() -> None:
+    from meshd.fused import CHANGE_LOG
+
+    mesh = Mesh()
+    mesh.node("a", rep("a:1"))
+    gen = mesh.fused.generation
+    mesh.node("b", rep("b:1"))
+    assert mesh.fused.changed_since(gen) == {"b"}
+    assert mesh.fused.changed_since(gen + 1) == set()
+    for _ in range(CHANGE_LOG):
+        mesh.node("a", rep("a:1"))
+    assert mesh.fused.changed_since(gen) is None
+    s = mesh.scorer()
+    assert len(s.score(ScoreRequest("m"), NOW).targets) == 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(
+    st.sampled_from(["score", "ok", "fail", "cancel", "hedge", "tick", "telemetry", "units",
+                     "weights"]),
+    st.integers(0, 9)), max_size=60))
+def test_kept_predictions_equal_fresh_ones(ops: list[tuple[str, int]]) -> None:
+    """``predict_all`` keeps a target's prediction while nothing it depends on moved: after
+    any sequence of requests, outcomes, hedges, cancellations, telemetry and time, what it
+    returns is exactly what computing every target afresh returns."""
+    from meshd.score.target import predict_all
+
+    mesh = Mesh()
+    for i, n in enumerate("abcd"):
+        mesh.node(n, rep(f"{n}:1", queue=3 * i, spu=0.002 * (i + 1), instances=1 + i % 2))
+    s = mesh.scorer()
+    now = NOW
+    units = 1
+    open_: list[tuple[int, list[str]]] = []
+    for op, i in ops:
+        if op == "score":
+            out = s.score(ScoreRequest("m", payload_bytes=units * 32 * 1024), now)
+            if out.verdict.admit:
+                open_.append((out.decision_id, [t.replica for t in out.targets]))
+        elif op == "tick":
+            now += i * 0.001  # whole milliseconds: never within rounding of a step
+        elif op == "units":
+            units = 1 + i % 3
+        elif op == "weights":  # a client balancing on weights: an outcome with no decision
+            s.report(0, f"{'abcd'[i % 4]}:1/m/1", 0.004 * (i + 1), Status.OK, now)
+        elif op == "telemetry":
+            n = "abcd"[i % 4]
+            mesh.node(n, rep(f"{n}:1", queue=i, spu=0.002 * (1 + i % 4), at=now))
+        elif op == "hedge" and open_:
+            did, reps = open_[i % len(open_)]
+            s.hedge_target(did, reps[0], now + 1)
+        elif open_:
+            did, reps = open_.pop(i % len(open_))
+            status = {"ok": Status.OK, "fail": Status.UNAVAILABLE, "cancel": Status.CANCELLED}[op]
+            s.report(did, reps[0], 0.001 * (i + 1), status, now)
+        targets = s.table.targets("m", now).eligible
+        predict_all(targets, units, now)
+        kept = [(t.p_backlog, t.p_queue, t.p_service, t.p_seconds) for t in targets]
+        for t in targets:
+            t.p_until = 0.0
+        predict_all(targets, units, now)
+        assert kept == [(t.p_backlog, t.p_queue, t.p_service, t.p_seconds) for t in targets]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["score", "ok", "fail", "cancel", "tick", "admit"]),
                           st.integers(0, 5), st.floats(0, 2, allow_nan=False)),

@@ -89,7 +89,7 @@ class ScoreRequest:
     idempotent: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Choice:
     """One ranked target, with the prediction it was ranked on."""
 
@@ -254,13 +254,18 @@ class Scorer:
                    now: float) -> tuple[list[Target], bool]:
         """The targets this request may go to, with its prediction filled in, and whether
         they are degraded (every queue figure stale: own observations only)."""
-        eligible = self.table.targets(req.model, now).eligible
+        table = self.table.targets(req.model, now)
+        eligible = table.eligible
         units = work_units(req.payload_bytes)
-        out: list[Target] = []
-        stale: list[Target] = []
         oldest = now - routing.stale_after
         excl = req.exclude
         rev = req.revision
+        if not rev and not excl and table.oldest_queue >= oldest and table.oldest_queue > 0:
+            out = eligible.copy()  # every figure is fresh: the common case, no loop
+            predict_all(out, units, now)
+            return out, False
+        out = []
+        stale: list[Target] = []
         for t in eligible:
             if (rev and t.version != rev) or (excl and (t.key in excl or t.node in excl)):
                 continue

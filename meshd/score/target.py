@@ -30,15 +30,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from adapters.model import ReplicaState
-from meshd.fused import FusedState
+from meshd.fused import FusedState, NodeEntry
 from meshd.score.config import ScoreConfig
 from meshd.score.latency import LatencyWindow
 from meshd.score.limiter import AdaptiveLimit
 from meshd.signal_wire import NodeSignals
 
+_INF = float("inf")
+_queue_at = attrgetter("queue_at")
 EXCLUDING_FLAGS = frozenset({"cordoned", "draining", "quarantined"})
 """Node flags that take a node's replicas out of routing."""
 STALL_GAPS = 4.0
@@ -150,6 +153,9 @@ class Target:
     local: bool
     rtt: float
     spu: float
+    spu_known: bool
+    """False: the replica reports no figure and ``spu`` is the model's prior (the median of
+    its other replicas'), set at each build."""
     instances: int
     backlog: int
     queue_at: float
@@ -161,6 +167,13 @@ class Target:
     p_queue: float = 0.0
     p_service: float = 0.0
     p_seconds: float = 0.0
+    p_from: float = 0.0
+    p_until: float = 0.0
+    """The ``p_*`` fields hold from ``p_from`` until then for a request of ``p_units`` while
+    the target owes this agent nothing and its stats are the objects in ``p_stats`` (see
+    ``predict_all``); 0: recompute."""
+    p_units: int = -1
+    p_stats: tuple[float, float] = (0.0, 0.0)
 
     def work(self, units: float) -> tuple[float, float]:
         """(rtt, uncorrected queue + service seconds) of a request of ``units`` now: what an
@@ -191,17 +204,35 @@ def predict_all(targets: Iterable[Target], units: int, now: float,
     (``age * instances / seconds per request``) is taken off.  Without that, every router
     would steer around a replica for as long as its last report said it was busy and pile
     onto the ones that were idle then (herding on stale signals).  ``own_only`` ignores the
-    figure altogether (too old to mean anything).  One loop for all targets: this is the
-    scoring path's inner loop, so it avoids a call per target."""
+    figure altogether (too old to mean anything).
+
+    This is the scoring path's inner loop (one pass over every target, no call per target).
+    Most targets owe this agent nothing (no request in flight, hedge or orphan) and their
+    correction and request size have not moved since the last request: their prediction is
+    then a step function of time, the aged backlog, so it is kept until the next step
+    (``p_until``).  ``correction`` and ``units_per_request`` are compared by identity: every
+    update assigns a new float object, and the one held in ``p_stats`` cannot be reused."""
     for t in targets:
         stats = t.stats
         own = stats.limit.inflight
+        c = stats.correction
+        upr = stats.units_per_request
+        if (t.p_from <= now < t.p_until and not own and units == t.p_units and not stats.hedges
+                and not own_only
+                and not stats.orphans and c is t.p_stats[0] and upr is t.p_stats[1]):
+            continue
         spu = t.spu
         instances = t.instances
-        per_request = stats.units_per_request * spu
+        per_request = upr * spu
+        until = _INF
         backlog = 0 if own_only else t.backlog
         if backlog and per_request > 0:
-            backlog -= int((now - t.queue_at) * instances / per_request + 1e-9)
+            drained = (now - t.queue_at) * instances / per_request + 1e-9
+            served = int(drained)
+            backlog -= served
+            if backlog > 0:  # the next request served moves the prediction
+                until = now + (served + 1 - drained) * per_request / instances \
+                    if drained >= 0 else now
         inflight = own
         orphans = stats.orphans
         if orphans:
@@ -212,7 +243,6 @@ def predict_all(targets: Iterable[Target], units: int, now: float,
         inflight += stats.hedges
         if backlog < inflight:
             backlog = inflight
-        c = stats.correction
         gap = per_request * c / instances  # one request's share of the queue
         queue = backlog * gap
         if own or orphans:  # the common idle case costs no call
@@ -222,16 +252,42 @@ def predict_all(targets: Iterable[Target], units: int, now: float,
         t.p_queue = queue
         t.p_service = service
         t.p_seconds = t.rtt + queue + service
+        if own or orphans or stats.hedges or own_only:
+            t.p_until = 0.0
+        else:
+            t.p_from = now
+            t.p_until = until
+            t.p_units = units
+            t.p_stats = (c, upr)
+
+
+@dataclass(slots=True)
+class NodeTargets:
+    """One node's share of a model's targets, kept while the node's fused entry is unchanged
+    so that one node's telemetry rebuilds one node's targets."""
+
+    entry: NodeEntry
+    """The fused entry they were built from (compared by identity: updates replace it)."""
+    targets: list[Target]
+    spus: list[float]
+    """Its ready replicas' own seconds-per-unit figures (pinned elsewhere or not): the
+    model's prior for replicas that report none."""
 
 
 @dataclass(slots=True)
 class ModelTargets:
     """A model's targets at one generation of the fused view."""
 
+    model: str
     generation: tuple[int, int]
     built: float
+    """When the targets were last built whole (RTTs and zones are read then)."""
     eligible: list[Target]
     """Targets routing may use, before the per-request staleness and exclusion checks."""
+    nodes: dict[str, NodeTargets] = field(default_factory=dict)
+    oldest_queue: float = 0.0
+    """The oldest queue figure among ``eligible`` (0 when one has none): while it is fresh,
+    so are all the others, and the per-request staleness check is one comparison."""
 
 
 class TargetTable:
@@ -261,12 +317,19 @@ class TargetTable:
         self.builds = 0
 
     def targets(self, model: str, now: float) -> ModelTargets:
+        """The model's targets: rebuilt whole every ``table_refresh`` and when policy moves;
+        when only telemetry moved, just the nodes whose fused entry changed."""
         gen = (self.fused.generation, self.policy_version())
         cached = self._models.get(model)
-        if (cached is not None and cached.generation == gen
+        if (cached is not None and cached.generation[1] == gen[1]
                 and now - cached.built < self.config.table_refresh):
-            return cached
-        built = self._build(model, gen, now)
+            if cached.generation == gen:
+                return cached
+            changed = self.fused.changed_since(cached.generation[0])
+            built = self._build(model, gen, cached.built, cached.nodes) if changed is None \
+                else self._patch(cached, gen, changed)
+        else:
+            built = self._build(model, gen, now, None)
         self._models[model] = built
         return built
 
@@ -276,39 +339,82 @@ class TargetTable:
             st = self.stats[key] = self.new_stats()
         return st
 
-    def _build(self, model: str, gen: tuple[int, int], now: float) -> ModelTargets:
+    def _build(self, model: str, gen: tuple[int, int], built: float,
+               keep: dict[str, NodeTargets] | None) -> ModelTargets:
+        """Build the model's targets, reusing ``keep``'s for nodes whose entry is the same."""
         self.builds += 1
         eligible: list[Target] = []
         spus: list[float] = []
-        flags_cache: dict[str, bool] = {}
+        nodes: dict[str, NodeTargets] = {}
         for node, entry in self.fused.nodes.items():
-            sig = entry.signals
-            if not any(r.model == model for r in sig.replicas):
-                continue
-            excluded = flags_cache.get(node)
-            if excluded is None:
-                excluded = flags_cache[node] = bool(
-                    EXCLUDING_FLAGS.intersection(self.fused.flags_of(node)))
-            if excluded:
-                continue
-            for rep in sig.replicas:
-                if rep.model != model or not rep.ready:
-                    continue
-                spu = _spu_of(rep)
-                if spu is not None:
-                    spus.append(spu)
-                if not self._pinned_here(rep, node, sig):
-                    continue
-                eligible.append(self._target(node, rep, sig, spu))
+            part = keep.get(node) if keep is not None else None
+            if part is None or part.entry is not entry:
+                part = self._node_targets(model, node, entry)
+            nodes[node] = part
+            if part.targets:
+                eligible.extend(part.targets)
+            if part.spus:
+                spus.extend(part.spus)
         spus.sort()
         prior = spus[len(spus) // 2] if spus else self.config.default_spu
+        oldest = _INF
+        by_key = self.by_key
         for t in eligible:
-            if t.spu <= 0:
+            if not t.spu_known and t.spu != prior:
                 t.spu = prior
-            self.by_key[t.key] = t
-        if len(self.by_key) > 4 * len(self.stats) + 1024:
-            self.by_key = {k: t for k, t in self.by_key.items() if k in self.stats}
-        return ModelTargets(gen, now, eligible)
+                t.p_until = 0.0
+            by_key[t.key] = t
+            if t.queue_at < oldest:
+                oldest = t.queue_at
+        if len(by_key) > 4 * len(self.stats) + 1024:
+            self.by_key = {k: t for k, t in by_key.items() if k in self.stats}
+        return ModelTargets(model, gen, built, eligible, nodes,
+                            0.0 if oldest == _INF else oldest)
+
+    def _patch(self, cached: ModelTargets, gen: tuple[int, int],
+               changed: set[str]) -> ModelTargets:
+        """``cached`` with the targets of the ``changed`` nodes built again: what one node's
+        telemetry costs the scoring path (a whole build walks every node)."""
+        self.builds += 1
+        nodes = cached.nodes.copy()
+        eligible = [t for t in cached.eligible if t.node not in changed]
+        fresh: list[Target] = []
+        for node in changed:
+            entry = self.fused.nodes.get(node)
+            if entry is None:
+                nodes.pop(node, None)
+                continue
+            part = nodes[node] = self._node_targets(cached.model, node, entry)
+            fresh.extend(part.targets)
+        eligible.extend(fresh)
+        if any(not t.spu_known for t in eligible):
+            spus = sorted(x for part in nodes.values() for x in part.spus)
+            prior = spus[len(spus) // 2] if spus else self.config.default_spu
+            for t in eligible:
+                if not t.spu_known and t.spu != prior:
+                    t.spu = prior
+                    t.p_until = 0.0
+        by_key = self.by_key
+        for t in fresh:
+            by_key[t.key] = t
+        oldest = min(map(_queue_at, eligible)) if eligible else 0.0
+        return ModelTargets(cached.model, gen, cached.built, eligible, nodes, oldest)
+
+    def _node_targets(self, model: str, node: str, entry: NodeEntry) -> NodeTargets:
+        sig = entry.signals
+        part = NodeTargets(entry, [], [])
+        if not any(r.model == model for r in sig.replicas) or EXCLUDING_FLAGS.intersection(
+                self.fused.flags_of(node)):
+            return part
+        for rep in sig.replicas:
+            if rep.model != model or not rep.ready:
+                continue
+            spu = _spu_of(rep)
+            if spu is not None:
+                part.spus.append(spu)
+            if self._pinned_here(rep, node, sig):
+                part.targets.append(self._target(node, rep, sig, spu))
+        return part
 
     def _target(self, node: str, rep: ReplicaState, sig: NodeSignals,
                 spu: float | None) -> Target:
@@ -317,7 +423,8 @@ class TargetTable:
         backlog = (rep.queue or 0) + (rep.inflight or 0)
         return Target(key=rep.key, node=node, endpoint=rep.endpoint, model=rep.model,
                       version=rep.version, zone=self.zone_of(node), local=local, rtt=rtt,
-                      spu=spu or 0.0, instances=max(1, rep.instances), backlog=backlog,
+                      spu=spu or 0.0, spu_known=spu is not None,
+                      instances=max(1, rep.instances), backlog=backlog,
                       queue_at=rep.at.get("queue", 0.0), gpu_headroom=_headroom(sig),
                       stats=self.stats_for(rep.key))
 
