@@ -164,12 +164,17 @@ if they may queue past their limits' knee for that long (``bench/routing`` shed 
 Sustained overload still sheds, at twice the queue the limits mark."""
 
 
-def _capacity(targets: list[Target]) -> float:
-    """The model's limit: ``MODEL_HEADROOM`` times the sum of its targets' adaptive limits."""
+def _capacity(targets: list[Target], share: float, inflight: int, min_limit: float) -> float:
+    """The model's limit at a priority's ``share``: ``MODEL_HEADROOM`` times the sum of its
+    targets' adaptive limits.  While ``inflight`` is below what that is with every target at
+    ``min_limit``, that lower bound gives the same verdict without the sum."""
+    floor = share * MODEL_HEADROOM * min_limit * len(targets)
+    if inflight < floor:
+        return floor
     total = 0.0
     for t in targets:
         total += t.stats.limit.limit
-    return total * MODEL_HEADROOM
+    return share * total * MODEL_HEADROOM
 
 
 def _choice(t: Target) -> Choice:
@@ -423,7 +428,8 @@ class Scorer:
             return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), None
         share = priority_share(priority)
         ms = self._model(req.model, routing)
-        if not ms.gate.try_acquire(share * _capacity(targets), routing.max_concurrency):
+        capacity = _capacity(targets, share, ms.gate.inflight, self.limiter.min_limit)
+        if not ms.gate.try_acquire(capacity, routing.max_concurrency):
             self.tenants.release(tenant)
             return Verdict(False, "model_limit", retry), None
         # The best target with room, among those predicted to be nearly as quick as the best:
@@ -466,7 +472,8 @@ class Scorer:
             return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), 0
         ms = self._model(model, routing)
         share = priority_share(slo["shed_priority"] if slo else st.priority)
-        if not ms.gate.try_acquire(share * _capacity(targets), routing.max_concurrency):
+        capacity = _capacity(targets, share, ms.gate.inflight, self.limiter.min_limit)
+        if not ms.gate.try_acquire(capacity, routing.max_concurrency):
             self.tenants.release(st)
             self.counters.shed["model_limit"] += 1
             retry = min(hi, max(lo, min(t.p_queue for t in targets)))
