@@ -187,6 +187,16 @@ def test_least_queue_takes_the_shortest_backlog() -> None:
     assert _spread(mesh, "least_queue", 50) == {"b:1": 50}
 
 
+def test_least_queue_breaks_ties_at_random() -> None:
+    mesh = Mesh()
+    for n in "abcd":
+        mesh.node(n, rep(f"{n}:1", queue=2))
+    mesh.node("e", rep("e:1", queue=3))
+    counts = _spread(mesh, "least_queue", 400)
+    assert set(counts) == {f"{n}:1" for n in "abcd"}
+    assert all(60 < c < 140 for c in counts.values()), counts
+
+
 def test_p2c_never_picks_the_worst_of_two() -> None:
     mesh = Mesh()
     mesh.node("a", rep("a:1", spu=0.001))

@@ -7,6 +7,7 @@ targets: they run once per request.
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections.abc import Sequence
 
@@ -22,6 +23,7 @@ HEADROOM_PENALTY = 1.0
 
 
 _by_predicted = operator.attrgetter("p_seconds")
+_by_backlog = operator.attrgetter("p_backlog")
 
 
 def _best(targets: Sequence[Target], k: int) -> list[Target]:
@@ -47,16 +49,20 @@ class RoundRobin:
 
 class LeastQueue:
     """``least_queue``: the shortest backlog (runtime's report or this agent's in-flight,
-    whichever is larger), ties broken at random so routers do not agree on one target."""
+    whichever is larger); the first among equals is drawn at random so routers do not agree
+    on one target."""
 
     name = "least_queue"
 
     def rank(self, targets: Sequence[Target], ctx: Context) -> Sequence[Target]:
-        rnd = ctx.rng.random
-        # Backlogs are whole requests: a jitter under one breaks ties and nothing else.
-        keys = [t.p_backlog + 0.5 * rnd() for t in targets]
-        order = sorted(range(len(keys)), key=keys.__getitem__)
-        return [targets[i] for i in order[: ctx.limit]]
+        # A C-level sort, then the targets tied for the shortest backlog are rotated by a
+        # random offset: each is as likely to come first, for one random draw.
+        ranked = sorted(targets, key=_by_backlog)
+        ties = bisect.bisect_right(list(map(_by_backlog, ranked)), ranked[0].p_backlog)
+        r = int(ctx.rng.random() * ties)
+        if r:
+            ranked[:ties] = [*ranked[r:ties], *ranked[:r]]
+        return ranked[: ctx.limit]
 
 
 class PowerOfTwo:
