@@ -81,8 +81,7 @@ requests for a model are ranked, admitted and hedged (meshd/score/):
         Not lower by default: at p95 the ordinary tail alone spends a 5% budget, leaving no
         hedges for the stalls they are for.
     randomization (number in [0, 1], default 0.1): ``hybrid``'s bounded jitter, as a share of
-        the best target's cost (predicted seconds with its penalties), so many routers do not
-        herd onto one replica.
+        the best predicted seconds, so many routers do not herd onto one replica.
     zone_penalty_ms (number >= 0, default 2): added to targets outside the router's zone.
     max_concurrency (int >= 1 | null, default null = adaptive only): requests for the model in
         flight from one agent, at most.

@@ -95,38 +95,28 @@ class Hybrid:
     """``hybrid``: predicted seconds (which include the RTT), plus a penalty for leaving the
     agent's zone and for GPU memory running out, plus bounded jitter.
 
-    The jitter is uniform in ``[0, randomization * best cost]``: targets within that margin
-    of the best are treated as equals and chosen among at random, so routers sharing one
-    view do not all pick the same replica, while a clearly better one still wins.
+    The jitter is uniform in ``[0, randomization * best predicted]``: targets within that
+    margin of the best are treated as equals and chosen among at random, so routers sharing
+    one view do not all pick the same replica, while a clearly better one still wins.
     """
 
     name = "hybrid"
 
     def rank(self, targets: Sequence[Target], ctx: Context) -> Sequence[Target]:
+        rnd = ctx.rng.random
+        spread = ctx.routing.randomization * min(map(_by_predicted, targets))
         far = ctx.routing.zone_penalty if ctx.zone else 0.0
         zone = ctx.zone
         floor = HEADROOM_FLOOR
-        # Costs without the jitter, sorted (a C-level sort of the indices).  A target whose
-        # cost is more than ``spread`` above the k-th best can never be among the first k
-        # once jittered, so only that prefix draws its jitter and is sorted again: the same
-        # ranking, at a fraction of the random draws.
+        # One pass (the scoring path's second loop over every target), then a C-level sort
+        # of the indices: cheaper than heapq.nsmallest's Python loop for tens of targets.
+        # Balanced targets converge to near-equal costs, so most of them draw jitter anyway.
         costs = [t.p_seconds * (1.0 if (h := t.gpu_headroom) is None or h >= floor
                                 else 1.0 + HEADROOM_PENALTY * (1 - h / floor))
-                 + (far if t.zone != zone else 0.0)
+                 + rnd() * spread + (far if t.zone != zone else 0.0)
                  for t in targets]
         order = sorted(range(len(costs)), key=costs.__getitem__)
-        k = ctx.limit
-        spread = ctx.routing.randomization * costs[order[0]]
-        if spread > 0:
-            reach = costs[order[min(k, len(order)) - 1]] + spread
-            n = k
-            while n < len(order) and costs[order[n]] <= reach:
-                n += 1
-            rnd = ctx.rng.random
-            order = order[:n]
-            jittered = {i: costs[i] + rnd() * spread for i in order}
-            order.sort(key=jittered.__getitem__)
-        return [targets[i] for i in order[:k]]
+        return [targets[i] for i in order[: ctx.limit]]
 
 
 BUILTIN = {s.name: s for s in (RoundRobin, LeastQueue, PowerOfTwo, Hybrid)}
