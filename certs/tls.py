@@ -68,9 +68,9 @@ def grpc_server_credentials(current: object,
 
     ``current`` is a zero-argument callable returning the :class:`Identity` to present; gRPC
     asks on each new handshake, so a renewal takes effect for new connections while existing
-    ones carry on.  ``require_client_auth=False`` (the router with bearer tokens) still
-    verifies a client certificate that is presented, and lets clients without one in to
-    authenticate otherwise.
+    ones carry on.  ``require_client_auth=False`` (the router with bearer tokens) does not
+    ask for a client certificate at all (grpcio has no ask-but-accept-either mode), so the
+    server's clients authenticate otherwise.
     """
     state: dict[str, object] = {}
 

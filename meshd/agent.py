@@ -302,7 +302,7 @@ class Agent:
         self.metrics = AgentMetrics(swim, self.coordinates, sec, self.control,
                                     self.signals, self.health,
                                     RoutingCollector(s.node, self.scorer,
-                                                     self._router_counters))
+                                                     self._router_counters, self._link_counts))
         transport.on_rtts = self.metrics.observe_rtts
         transport.attach(swim)
         self._data.save(swim.incarnation, list(saved.get("peers", []) or []))  # type: ignore[call-overload]
@@ -581,6 +581,10 @@ class Agent:
         if self.router is None:
             return None
         return self.worker_counters.processes(self.router.counters)
+
+    def _link_counts(self) -> dict[str, int] | None:
+        """The score link's message counts (None: no worker processes here)."""
+        return self.link_counts if self.router_workers is not None else None
 
     async def _start_router_workers(self, router_where: str) -> None:
         """``--router-workers N``: N - 1 processes beside this router, scoring through a

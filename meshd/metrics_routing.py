@@ -37,13 +37,15 @@ def _histogram(name: str, doc: str, labels: list[str], bounds: tuple[float, ...]
 
 class RoutingCollector(Collector):
     def __init__(self, node: str, scorer: Scorer,
-                 router: Callable[[], dict[str, RouterCounters] | None] = lambda: None
-                 ) -> None:
+                 router: Callable[[], dict[str, RouterCounters] | None] = lambda: None,
+                 link: Callable[[], dict[str, int] | None] = lambda: None) -> None:
         """``router``: the router's counters by process (the agent's, and its workers'), or
-        None where no router runs."""
+        None where no router runs; ``link``: the score link's message counts (None where no
+        worker process routes)."""
         self.node = node
         self.scorer = scorer
         self.router = router
+        self.link = link
 
     def collect(self) -> Iterator[Metric]:
         node, c = self.node, self.scorer.counters
@@ -145,3 +147,9 @@ class RoutingCollector(Collector):
                  r.failed)
         yield by("meshd_router_shed", "Requests shed (RESOURCE_EXHAUSTED), by reason",
                  "reason", r.shed)
+        link = self.link()
+        if link is not None:
+            yield by("meshd_router_link_messages",
+                     "Messages the agent took from its router worker processes over the score "
+                     "link: score, reports (outcomes), hedge; malformed frames closed the "
+                     "connection", "kind", link)

@@ -138,6 +138,7 @@ class LinkServer(asyncio.Protocol):
         if kind == HEDGE:
             reply = hedge_reply(self.scorer, score_pb2.HedgeRequest.FromString(payload),
                                 self.clock())
+            self.counts["hedge"] += 1
             return frame(HEDGED, call, reply.SerializeToString())
         raise DecodeError(f"a worker does not send kind {kind}")
 

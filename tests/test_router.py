@@ -443,8 +443,12 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
                                           lambda: None, counters))
     link, link_counts = h.call(score_link.serve(h.scorer, h.loop.time, f"{d}/link.sock"))
     addr = f"127.0.0.1:{_free_port()}"
+    from meshd.router.auth import token_hash
+    with open(f"{d}/tokens", "w") as f:
+        f.write(f"# tenant sha256(token)\nteam-a {token_hash('tok-a')}\n")
     pool = WorkerPool(2, ["--score", where, "--link", f"{d}/link.sock", "--router", addr,
-                          "--data", d, "--node", "w", "--dev", "--log-level", "warning"])
+                          "--data", d, "--node", "w", "--dev", "--log-level", "warning",
+                          "--tokens", f"{d}/tokens"])
     h.call(pool.start())
     survivors: list[int] = []
 
@@ -488,6 +492,16 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
         assert counters.total().invalid == 1
         assert link_counts["score"] >= 36 and link_counts["reports"] >= 36
         assert not link_counts["malformed"]
+        # the workers load the agent's token file: a token names the tenant, a wrong one is
+        # refused by whichever process the connection reached
+        decided = h.scorer.counters.decisions.total()
+        for c in [connect() for _ in range(6)]:
+            add_sub(c, 4, headers={"authorization": "Bearer tok-a"})
+            with pytest.raises(InferenceServerException) as err:
+                add_sub(c, 4, headers={"authorization": "Bearer wrong"})
+            assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+            assert "unknown bearer token" in str(err.value)
+        assert h.scorer.counters.decisions.total() - decided == 6  # refused before scoring
 
         killed = pool.pids()[0]
         os.kill(killed, signal.SIGKILL)

@@ -797,7 +797,8 @@ def test_metrics_expose_decisions_sheds_fallbacks_and_shadow() -> None:
     from meshd.router.counters import RouterCounters
     processes = {"agent": RouterCounters(requests=3, completed=3),
                  "r/41/7": RouterCounters(requests=2, failed={"UNAVAILABLE": 2})}
-    reg.register(RoutingCollector("r", s, lambda: processes))
+    reg.register(RoutingCollector("r", s, lambda: processes,
+                                  lambda: {"score": 4, "reports": 3, "malformed": 1}))
     samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
                for fam in text_string_to_metric_families(generate_latest(reg).decode())
                for x in fam.samples}
@@ -816,3 +817,5 @@ def test_metrics_expose_decisions_sheds_fallbacks_and_shadow() -> None:
     assert samples[("meshd_router_failed_total", (("code", "UNAVAILABLE"), ("node", "r")))] == 2
     assert samples[("meshd_router_process_requests_total",
                     (("node", "r"), ("process", "r/41/7")))] == 2
+    assert samples[("meshd_router_link_messages_total",
+                    (("kind", "malformed"), ("node", "r")))] == 1

@@ -98,7 +98,7 @@ def test_score_report_hedge_and_refusals() -> None:
     del batch.reports[1]
     srv.data_received(score_link.frame(REPORT, 0, batch.SerializeToString()))
     assert scorer.decisions.get(reply.decision_id) is None
-    assert counts == Counter({"score": 2, "reports": 1}) and not wire.closed
+    assert counts == Counter({"score": 2, "reports": 1, "hedge": 1}) and not wire.closed
 
 
 @pytest.mark.parametrize("data", [

@@ -450,6 +450,10 @@ def test_n1_scores_and_routes_to_the_real_replicas(mesh: Mesh, triton_a: TritonS
         time.sleep(0.5)
     assert metric_sum(samples, "meshd_router_completed_total") >= 24, samples
     assert len(by_process) >= 2, by_process  # 12 connections over 3 processes
+    link = {lab["kind"]: v for name, lab, v in samples
+            if name == "meshd_router_link_messages_total"}
+    assert link.get("score", 0) > 0 and link.get("reports", 0) > 0, link  # workers' requests
+    assert not link.get("malformed"), link
     with grpc.insecure_channel(n1.router) as ch, pytest.raises(grpc.RpcError):
         ch.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=3)
 

@@ -88,7 +88,9 @@ class ClientAuth:
             return header
         pems = context.auth_context().get("x509_pem_cert") or []
         if not pems:
-            raise Unauthenticated("present a mesh client certificate or a bearer token")
+            raise Unauthenticated(
+                "present a bearer token (this router takes tokens and asks for no client "
+                "certificate)" if self.tokens else "present a mesh client certificate")
         if self.verifier is not None:
             try:
                 self.verifier.verify_pem(pems[0])

@@ -1,8 +1,8 @@
 """Start the router's KServe v2 gRPC ingress (``meshd --role router``).
 
 Plaintext only in ``--dev``.  Otherwise TLS with the node's identity; clients present a mesh
-client certificate, or (when a token file is configured) a per-tenant bearer token, so client
-certificates become optional at the handshake and the handler checks one or the other.
+client certificate or, when a token file is configured, a per-tenant bearer token instead
+(the handshake then asks for no certificate: see ``auth``).
 """
 
 from __future__ import annotations
