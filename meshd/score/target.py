@@ -263,11 +263,9 @@ def predict_all(targets: Iterable[Target], units: int, now: float,
 
 @dataclass(slots=True)
 class NodeTargets:
-    """One node's share of a model's targets, kept while the node's fused entry is unchanged
-    so that one node's telemetry rebuilds one node's targets."""
+    """One node's share of a model's targets, kept until the node's fused entry changes, so
+    that one node's telemetry rebuilds one node's targets."""
 
-    entry: NodeEntry
-    """The fused entry they were built from (compared by identity: updates replace it)."""
     targets: list[Target]
     spus: list[float]
     """Its ready replicas' own seconds-per-unit figures (pinned elsewhere or not): the
@@ -321,15 +319,14 @@ class TargetTable:
         when only telemetry moved, just the nodes whose fused entry changed."""
         gen = (self.fused.generation, self.policy_version())
         cached = self._models.get(model)
+        changed = None
         if (cached is not None and cached.generation[1] == gen[1]
                 and now - cached.built < self.config.table_refresh):
             if cached.generation == gen:
                 return cached
             changed = self.fused.changed_since(cached.generation[0])
-            built = self._build(model, gen, cached.built, cached.nodes) if changed is None \
-                else self._patch(cached, gen, changed)
-        else:
-            built = self._build(model, gen, now, None)
+        built = self._build(model, gen, now) if cached is None or changed is None \
+            else self._patch(cached, gen, changed)
         self._models[model] = built
         return built
 
@@ -339,43 +336,17 @@ class TargetTable:
             st = self.stats[key] = self.new_stats()
         return st
 
-    def _build(self, model: str, gen: tuple[int, int], built: float,
-               keep: dict[str, NodeTargets] | None) -> ModelTargets:
-        """Build the model's targets, reusing ``keep``'s for nodes whose entry is the same."""
-        self.builds += 1
-        eligible: list[Target] = []
-        spus: list[float] = []
-        nodes: dict[str, NodeTargets] = {}
-        for node, entry in self.fused.nodes.items():
-            part = keep.get(node) if keep is not None else None
-            if part is None or part.entry is not entry:
-                part = self._node_targets(model, node, entry)
-            nodes[node] = part
-            if part.targets:
-                eligible.extend(part.targets)
-            if part.spus:
-                spus.extend(part.spus)
-        spus.sort()
-        prior = spus[len(spus) // 2] if spus else self.config.default_spu
-        oldest = _INF
-        by_key = self.by_key
-        for t in eligible:
-            if not t.spu_known and t.spu != prior:
-                t.spu = prior
-                t.p_until = 0.0
-            by_key[t.key] = t
-            if t.queue_at < oldest:
-                oldest = t.queue_at
-        if len(by_key) > 4 * len(self.stats) + 1024:
-            self.by_key = {k: t for k, t in by_key.items() if k in self.stats}
-        return ModelTargets(model, gen, built, eligible, nodes,
-                            0.0 if oldest == _INF else oldest)
+    def _build(self, model: str, gen: tuple[int, int], now: float) -> ModelTargets:
+        """The model's targets built whole from every node."""
+        nodes = {node: self._node_targets(model, node, entry)
+                 for node, entry in self.fused.nodes.items()}
+        eligible = [t for part in nodes.values() for t in part.targets]
+        return self._finish(model, gen, now, eligible, nodes, eligible)
 
     def _patch(self, cached: ModelTargets, gen: tuple[int, int],
                changed: set[str]) -> ModelTargets:
         """``cached`` with the targets of the ``changed`` nodes built again: what one node's
         telemetry costs the scoring path (a whole build walks every node)."""
-        self.builds += 1
         nodes = cached.nodes.copy()
         eligible = [t for t in cached.eligible if t.node not in changed]
         fresh: list[Target] = []
@@ -387,6 +358,13 @@ class TargetTable:
             part = nodes[node] = self._node_targets(cached.model, node, entry)
             fresh.extend(part.targets)
         eligible.extend(fresh)
+        return self._finish(cached.model, gen, cached.built, eligible, nodes, fresh)
+
+    def _finish(self, model: str, gen: tuple[int, int], built: float, eligible: list[Target],
+                nodes: dict[str, NodeTargets], fresh: list[Target]) -> ModelTargets:
+        """What a build and a patch share: replicas that report no seconds-per-unit get the
+        model's median, the ``fresh`` targets are indexed by key, the oldest figure noted."""
+        self.builds += 1
         if any(not t.spu_known for t in eligible):
             spus = sorted(x for part in nodes.values() for x in part.spus)
             prior = spus[len(spus) // 2] if spus else self.config.default_spu
@@ -397,12 +375,14 @@ class TargetTable:
         by_key = self.by_key
         for t in fresh:
             by_key[t.key] = t
+        if len(by_key) > 4 * len(self.stats) + 1024:
+            self.by_key = {k: t for k, t in by_key.items() if k in self.stats}
         oldest = min(map(_queue_at, eligible)) if eligible else 0.0
-        return ModelTargets(cached.model, gen, cached.built, eligible, nodes, oldest)
+        return ModelTargets(model, gen, built, eligible, nodes, oldest)
 
     def _node_targets(self, model: str, node: str, entry: NodeEntry) -> NodeTargets:
         sig = entry.signals
-        part = NodeTargets(entry, [], [])
+        part = NodeTargets([], [])
         if not any(r.model == model for r in sig.replicas) or EXCLUDING_FLAGS.intersection(
                 self.fused.flags_of(node)):
             return part
