@@ -12,9 +12,17 @@ Bars (from the issue), at 80% load, on the medians of the repeats:
 
 **The replicas.** Four ``meshd.devtriton.TritonServer`` processes serving the ``delay``
 model of ``tests/triton_models`` (one instance, no batching: requests queue in Triton), with
-service times of 1x, 1x, 2x and 5x ``--service-ms`` (default 5 ms).  Replica 1 (a 1x one)
-also takes ``--stall-ms`` (250 ms) longer on a random ``--stall-rate`` (0.2%) of its
-requests, and the requests queued behind it wait too: the tail hedging is for.
+service times of 1x, 1x, 2x and 5x ``--service-ms`` (default 5 ms).  Replica ``--stalling``
+(1, a 1x one, by default) also takes ``--stall-ms`` (250 ms) longer on a random
+``--stall-rate`` (0.2%) of its requests, and the requests queued behind it wait too: the
+tail hedging is for.
+
+**What no router can beat.** While a 1x replica stalls at 80% load, the others have less
+capacity than the load: a queue builds whatever the routing, and drains afterwards at the
+load's spare capacity, hedged or not.  So the bench also simulates a clairvoyant router
+(:func:`clairvoyant`: exact knowledge of every replica's remaining work, stalls moved at
+once and for free) at the measured service times, and prints the cut it would show against
+the measured no-hedge p99.9, beside the hedging bar.
 
 **Capacity** is measured, not assumed: each replica's saturated throughput (closed loop,
 ``--capacity-concurrency`` requests outstanding, straight to it), summed.  The loads are
@@ -52,6 +60,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import random
@@ -88,7 +97,9 @@ MODEL_BASE_MS = 2.0
 """The ``delay`` model's own ``base_delay_ms``; behaviours add to it."""
 SPEEDS = (1, 1, 2, 5)
 STALLING = 1
-"""Index of the replica that stalls."""
+"""Index of the replica that stalls (``--stalling``): a 1x one by default, so a stall takes
+about a third of the capacity away."""
+CLAIRVOYANT_RUNS = 40
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 STRATEGIES = ("baseline_rr", "least_queue", "p2c", "hybrid")
 CLIENT_SIDE = ("round_robin", "least_request")
@@ -135,22 +146,24 @@ async def _router_child(spec: dict[str, Any]) -> int:
     case: dict[str, Any] = {}
 
     async def start(policy: dict[str, Any]) -> dict[str, Any]:
+        trace = policy.pop("trace", None)
         doc = validate_policy({"kind": "RoutingPolicy", "name": MODEL, "spec": policy}).spec
         scorer = Scorer(fused, policy=lambda k, n: doc if (k, n) == ("RoutingPolicy", MODEL)
                         else None)
         server, router, addr = await router_server.serve(
             LocalScoring(scorer, loop.time), loop.time, ("127.0.0.1", 0), dev=True,
             identity=lambda: None)
-        attempts: list[tuple[str, float, str, bool]] = []
+        attempts: list[tuple[str, float, str, bool, float]] = []
         report = scorer.report
 
         def recorded(decision_id: int, replica: str, latency: float, status: Any,
                      now: float, **kw: Any) -> bool:
-            attempts.append((replica, latency, status.name, kw.get("hedge", False)))
+            attempts.append((replica, latency, status.name, kw.get("hedge", False), now))
             return report(decision_id, replica, latency, status, now, **kw)
 
         scorer.report = recorded  # type: ignore[method-assign]
-        case.update(server=server, router=router, scorer=scorer, attempts=attempts)
+        case.update(server=server, router=router, scorer=scorer, attempts=attempts,
+                    trace=trace)
         return {"addr": addr}
 
     async def finish() -> dict[str, Any]:
@@ -159,7 +172,7 @@ async def _router_child(spec: dict[str, Any]) -> int:
         await router.close()
         s = scorer.counters
         by_target: dict[str, dict[str, Any]] = {}
-        for replica, latency, status, hedge in case["attempts"]:
+        for replica, latency, status, hedge, _ in case["attempts"]:
             if not replica:
                 continue
             t = by_target.setdefault(replica.split("/")[0], {"ok": [], "hedge_ok": [],
@@ -170,6 +183,10 @@ async def _router_child(spec: dict[str, Any]) -> int:
         attempts = {k: {"status": dict(v["status"]), "ok_ms": distribution(v["ok"]),
                         "hedge_ok_ms": distribution(v["hedge_ok"])}
                     for k, v in sorted(by_target.items())}
+        if case.get("trace"):  # (ended, replica, latency, status, hedge), monotonic clock
+            with open(case["trace"], "w", encoding="utf-8") as f:
+                json.dump([(a[4], a[0].split("/")[0], a[1], a[2], a[3])
+                           for a in case["attempts"]], f)
         return {"router": dataclasses.asdict(router.counters), "attempts": attempts,
                 "scorer": {"shed": dict(s.shed), "fallbacks": dict(s.fallbacks),
                            "decisions": dict(s.decisions), "degraded": s.degraded,
@@ -205,6 +222,56 @@ async def _router_child(spec: dict[str, Any]) -> int:
 
 
 # --- load ---------------------------------------------------------------------------------------
+
+
+def clairvoyant(service_s: list[float], stalling: int, stall_s: float, stall_rate: float,
+                rate: float, duration: float, seed: int) -> dict[str, float]:
+    """Latency quantiles (ms, queue + service only) under a router no real one can match.
+
+    It knows every replica's exact remaining work (stalls included, from the instant they
+    start) and sends each request to the replica that will finish it first; a request whose
+    service stalls is moved at once and for free to the best other replica (an instant hedge
+    that costs nothing and leaves no orphan), while the stalled replica stays blocked for
+    the stall.  Replicas are FIFO single servers with the deterministic ``service_s``, as
+    the ``delay`` model is.  Its p99.9 under stalls is how low hedging could bring the tail,
+    so it tells whether a cut is out of reach for any router (queues built while a stall
+    takes capacity away must drain at the load's spare capacity, hedged or not).
+    """
+    rng = random.Random(seed)
+    n = len(service_s)
+    free = [0.0] * n
+    others = [i for i in range(n) if i != stalling]
+    lat: list[float] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration:
+            break
+        best = min(range(n), key=lambda i: max(t, free[i]) + service_s[i])
+        if best == stalling and rng.random() < stall_rate:
+            free[best] = max(t, free[best]) + service_s[best] + stall_s
+            best = min(others, key=lambda i: max(t, free[i]) + service_s[i])
+        free[best] = max(t, free[best]) + service_s[best]
+        lat.append((free[best] - t) * 1e3)
+    return distribution(lat)
+
+
+def clairvoyant_p999(capacity: list[float], args: argparse.Namespace,
+                     rate: float) -> dict[str, float]:
+    """The median over ``CLAIRVOYANT_RUNS`` simulated runs of the bench's length of
+    :func:`clairvoyant`'s p99.9, with and without stalls, at the measured service times
+    (1 / saturated throughput; the stalling replica's is its speed times the fastest other
+    replica's per-speed time, as its own measured throughput includes stalls)."""
+    service = [1.0 / c if c > 0 else math.inf for c in capacity]
+    per_x = min(s / x for i, (s, x) in enumerate(zip(service, SPEEDS, strict=True))
+                if i != args.stalling)
+    service[args.stalling] = per_x * SPEEDS[args.stalling]
+    out = {}
+    for label, stall_rate in (("stalls", args.stall_rate), ("no_stalls", 0.0)):
+        p = [clairvoyant(service, args.stalling, args.stall_ms / 1e3, stall_rate, rate,
+                         args.duration, seed)["p999"] for seed in range(CLAIRVOYANT_RUNS)]
+        out[label] = statistics.median(p)
+    return out
 
 
 def request_bytes() -> bytes:
@@ -264,9 +331,11 @@ class Paths:
 
 
 async def open_loop(paths: Paths, raw: bytes, rate: float, warmup: float, duration: float,
-                    timeout: float, rng: random.Random) -> dict[str, Any]:
+                    timeout: float, rng: random.Random,
+                    trace: Path | None = None) -> dict[str, Any]:
     """Poisson arrivals at ``rate`` for ``warmup + duration`` seconds; the measured window's
-    latencies (from each scheduled arrival), outcomes and the generator's lag."""
+    latencies (from each scheduled arrival), outcomes and the generator's lag (and, with
+    ``trace``, every request's (arrival, latency, outcome) written there)."""
     loop = asyncio.get_running_loop()
     records: list[tuple[float, float, str, float]] = []
     tasks: set[asyncio.Task[None]] = set()
@@ -292,6 +361,8 @@ async def open_loop(paths: Paths, raw: bytes, rate: float, warmup: float, durati
     while tasks:
         await asyncio.gather(*list(tasks))
     window = [r for r in records if r[0] >= measure_from]
+    if trace is not None:
+        trace.write_text(json.dumps([r[:3] for r in sorted(window)]))
     ok = sorted(r[1] * 1e3 for r in window if r[2] == "OK")
     outcomes = Counter(r[2] for r in window)
     lat = distribution(ok)
@@ -365,18 +436,22 @@ def drain(servers: list[Any], timeout: float = 120.0) -> float:
 
 def cases(args: argparse.Namespace) -> list[str]:
     out = [f"router/{s}/{h}" for s in args.strategies for h in ("hedge", "no-hedge")]
-    return out + [f"client/{c}" for c in CLIENT_SIDE]
+    return out + [f"client/{c}" for c in args.clients]
 
 
 def run_case(case: str, rate: float, args: argparse.Namespace, router: Child,
              servers: list[Any], raw: bytes, seed: int) -> dict[str, Any]:
     kind, *rest = case.split("/")
+    trace_name = f"{rate:.0f}-{case.replace('/', '-')}-{seed}"
+
     addr = None
     if kind == "router":
         strategy, hedging = rest
         policy: dict[str, Any] = {"strategy": strategy}
         if hedging == "no-hedge":
             policy["hedge_budget"] = 0.0
+        if args.trace:
+            policy["trace"] = str(args.trace / f"{trace_name}.router.json")
         out = router.cmd("start " + json.dumps(policy))
         if "error" in out:
             raise RuntimeError(f"router start: {out['error']}")
@@ -391,7 +466,8 @@ def run_case(case: str, rate: float, args: argparse.Namespace, router: Child,
                       rest[0] if kind == "client" else "", rng)
         try:
             return await open_loop(paths, raw, rate, args.warmup, args.duration,
-                                   args.timeout, rng)
+                                   args.timeout, rng, args.trace and
+                                   args.trace / f"{trace_name}.client.json")
         finally:
             await paths.close()
 
@@ -428,6 +504,9 @@ def measure(args: argparse.Namespace, servers: list[Any], router: Child) -> dict
         capacity.append(rps)
         log(f"replica {i} ({SPEEDS[i]}x): {rps:.0f} req/s saturated")
     total = sum(capacity)
+    bound = {f"{load:g}": clairvoyant_p999(capacity, args, load * total) for load in args.loads}
+    log("clairvoyant router's p99.9 (stalls / none): " + ", ".join(
+        f"{float(k):.0%} {v['stalls']:.1f} / {v['no_stalls']:.1f} ms" for k, v in bound.items()))
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     names = cases(args)
     seed = args.seed
@@ -446,7 +525,8 @@ def measure(args: argparse.Namespace, servers: list[Any], router: Child) -> dict
                     f"hedges {r.get('hedge_rate', 0):.1%}, to replicas "
                     f"{r['replica_requests']}, other CPU "
                     f"{r['machine']['other_cores'] or 0:.2f} cores")
-    return {"capacity": capacity, "capacity_total": total, "runs": runs}
+    return {"capacity": capacity, "capacity_total": total, "clairvoyant_p999": bound,
+            "runs": runs}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -476,8 +556,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-HEAD = ["load", "case", "p50 ms", "p99 ms", "p99.9 ms", "req/s", "failed", "hedged",
-        "to replicas (1x,1x*,2x,5x)"]
+def replica_labels(stalling: int) -> str:
+    """``1x, 1x*, 2x, 5x``: the speeds, the stalling replica starred."""
+    return ", ".join(f"{x}x" + ("*" if i == stalling else "") for i, x in enumerate(SPEEDS))
+
+
+def head(stalling: int) -> list[str]:
+    return ["load", "case", "p50 ms", "p99 ms", "p99.9 ms", "req/s", "failed", "hedged",
+            f"to replicas ({replica_labels(stalling).replace(' ', '')})"]
 
 
 def build(results: dict[str, Any]) -> tuple[list[list[str]], list[list[str]],
@@ -507,6 +593,12 @@ def build(results: dict[str, Any]) -> tuple[list[list[str]], list[list[str]],
         bars.append([f"hedging's p99.9 cut (hybrid off / on) at {BAR_LOAD:.0%}",
                      f"{hyb_off['p999']:.1f} / {hyb['p999']:.1f} ms = {cut:.2f}x",
                      f">= {P999_CUT_BAR}x", verdict(cut >= P999_CUT_BAR)])
+        best = m.get("clairvoyant_p999", {}).get(f"{BAR_LOAD:g}")
+        if best:
+            bars.append([f"context: the cut a clairvoyant router would show (hybrid off / its "
+                         f"p99.9 with stalls, queue + service only) at {BAR_LOAD:.0%}",
+                         f"{hyb_off['p999']:.1f} / {best['stalls']:.1f} ms = "
+                         f"{hyb_off['p999'] / best['stalls']:.2f}x", "", "-"])
         bars.append([f"hybrid's extra upstream requests (hedges + failovers) at "
                      f"{BAR_LOAD:.0%}", f"{hyb['extra_rate']:.2%}", f"<= {EXTRA_BAR:.0%}",
                      verdict(hyb["extra_rate"] <= EXTRA_BAR)])
@@ -527,14 +619,20 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds per run")
     ap.add_argument("--loads", default="0.5,0.8", help="shares of the measured capacity")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--clients", default=",".join(CLIENT_SIDE),
+                    help="client-side cases (none: '')")
     ap.add_argument("--service-ms", type=float, default=5.0, help="the 1x service time")
     ap.add_argument("--stall-ms", type=float, default=250.0)
     ap.add_argument("--stall-rate", type=float, default=0.002)
+    ap.add_argument("--stalling", type=int, default=STALLING, choices=range(len(SPEEDS)),
+                    help=f"index of the replica that stalls (speeds {SPEEDS})")
     ap.add_argument("--timeout", type=float, default=5.0, help="each request's deadline, s")
     ap.add_argument("--capacity-concurrency", type=int, default=4)
     ap.add_argument("--capacity-duration", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs)")
+    ap.add_argument("--trace", type=Path, help="write every request's timeline here (a "
+                    "directory): the client's arrivals and the router's attempts, per run")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "routing.json")
     ap.add_argument("--router-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -546,6 +644,9 @@ def main() -> int:
             args.out = args.out.with_name("routing-quick.json")
     args.loads = [float(x) for x in args.loads.split(",") if x]
     args.strategies = [s for s in args.strategies.split(",") if s]
+    args.clients = [c for c in args.clients.split(",") if c]
+    if args.trace:
+        args.trace.mkdir(parents=True, exist_ok=True)
     if args.service_ms * min(SPEEDS) < MODEL_BASE_MS:
         ap.error(f"--service-ms must be >= {MODEL_BASE_MS} (the model's own base delay)")
 
@@ -564,7 +665,7 @@ def main() -> int:
         for i, server in enumerate(servers):
             server.start(timeout=180)
             stall = (dict(spike_ms=args.stall_ms, spike_rate=args.stall_rate)
-                     if i == STALLING else {})
+                     if i == args.stalling else {})
             server.set_behaviour(MODEL, delay_ms=args.service_ms * SPEEDS[i] - MODEL_BASE_MS,
                                  **stall)
         log("replicas: " + ", ".join(f"{s.grpc_url} ({x}x)" for s, x in zip(
@@ -598,7 +699,9 @@ def main() -> int:
         bars.append([f"section {f.split(':', 1)[0]}", f.split(":", 1)[1].strip()[:160], "",
                      "FAIL"])
     m = results.get("measure", {})
-    title = (f"Routing: 4 Triton replicas (1x, 1x*, 2x, 5x of {args.service_ms:g} ms; "
+    columns = head(args.stalling)
+    title = (f"Routing: 4 Triton replicas ({replica_labels(args.stalling)} of "
+             f"{args.service_ms:g} ms; "
              f"* stalls {args.stall_ms:g} ms on {args.stall_rate:.1%}), open-loop Poisson "
              f"load{': QUICK sizes' if args.quick else ''}")
     notes = [
@@ -609,7 +712,7 @@ def main() -> int:
         f"requests (Triton's statistics, warm-up and hedges included)",
     ]
     print(f"\n{title} ({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
-    print_table(HEAD, rows)
+    print_table(columns, rows)
     print()
     print_table(["bar", "measured", "target", "verdict"], bars)
     for note in notes:
@@ -620,7 +723,7 @@ def main() -> int:
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
         "loadavg_end": loadavg(), "git": git_state(), "wall_s": wall,
         "setup": {k: v for k, v in vars(args).items() if k not in ("out", "router_child")},
-        "table": [dict(zip(HEAD, r, strict=True)) for r in rows],
+        "table": [dict(zip(columns, r, strict=True)) for r in rows],
         "bars": [dict(zip(["bar", "measured", "target", "verdict"], b, strict=True))
                  for b in bars],
         "summary": summary, "notes": notes, "failed": failed, "results": results,
@@ -630,7 +733,7 @@ def main() -> int:
     tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
     os.replace(tmp, args.out)
     md = args.out.with_suffix(".md")
-    md.write_text(f"# {title}\n\n{format_table(HEAD, rows)}\n\n"
+    md.write_text(f"# {title}\n\n{format_table(columns, rows)}\n\n"
                   f"{format_table(['bar', 'measured', 'target', 'verdict'], bars)}\n\n"
                   + "".join(f"* {n}\n" for n in notes)
                   + f"\ncommit {report['git']['commit'][:12]}, {report['when']}, wall "
