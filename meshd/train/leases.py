@@ -1,0 +1,292 @@
+"""Soft leases on GPUs: the replicated state machine that keeps two trainers off one GPU.
+
+The placements Raft group applies these commands on every coordinator, so :meth:`LeaseTable.
+apply` is a function of (state, command) alone - no clock, no randomness, and no exception: a
+bad command is an error *result*, the same everywhere.  Time is the ``at`` the leader stamped
+on the command; the table never lets it go back (a new leader's clock may be behind the old
+one's), so a lease that has expired stays expired.
+
+``{"op": "acquire", "job", "holder", "node", "gpus": [...], "ttl", "start_timeout", "at"}``
+    grants the job a lease on ``node``'s ``gpus`` (``[]``: a CPU job) unless the job already
+    holds one (``held``) or a live lease of another job covers one of them (``busy``, naming
+    it).  The lease runs ``start_timeout`` seconds until its first renewal, ``ttl`` after each.
+``{"op": "renew", "job", "token", "at", "progress", "step"}``
+    extends the lease ``token`` names; ``fenced`` if the job's lease is not that one any more,
+    ``expired`` if it lapsed (the trainer must have stopped: see :class:`LeaseKeeper`).
+``{"op": "release", "job", "token", "at", "outcome"}`` ends it (``done``, ``failed``, ...).
+
+**Fencing tokens** are one counter over the whole table, so a token names exactly one grant
+ever made: a trainer whose lease was taken over holds a smaller token than the new holder's,
+and every write it makes with it (renewals, checkpoints stamped with it) is refused.
+
+**Why this is safe across a partition.**  A grant's expiry is ``at + ttl`` by the leader's
+clock, and ``at`` is stamped after the trainer sent its renewal.  The trainer's
+:class:`LeaseKeeper` stops the job ``ttl - margin`` after it *sent* that renewal, by its own
+monotonic clock.  So the trainer has stopped before the table can hand its GPUs to anyone,
+as long as the coordinators' clocks disagree by less than ``margin`` (the default 1 s; NTP
+keeps them within milliseconds) and no clock runs more than ``margin / ttl`` fast.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+OUTCOMES = ("done", "failed", "cancelled", "preempted", "moved")
+"""What a released lease ended with."""
+
+SNAPSHOT_FORMAT = 1
+MAX_TTL = 86400.0
+"""Longest ``ttl`` or ``start_timeout`` accepted, in seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One job's hold on one node's GPUs."""
+
+    job: str
+    holder: str
+    node: str
+    gpus: tuple[str, ...]
+    token: int
+    granted_at: float
+    expires_at: float
+    ttl: float
+    """Seconds each renewal extends the lease by."""
+    renewals: int = 0
+    progress: float = 0.0
+    step: int = 0
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """``node/gpu`` for each GPU: what no other live lease may cover."""
+        return tuple(f"{self.node}/{g}" for g in self.gpus)
+
+    def live(self, at: float) -> bool:
+        return at < self.expires_at
+
+
+class LeaseTable:
+    """Every job's current lease, the resources they cover, and the fencing counter."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, Lease] = {}
+        self.owner: dict[str, str] = {}
+        """``node/gpu`` -> the job whose lease covers it (live or not yet reaped)."""
+        self.token = 0
+        """The last fencing token handed out."""
+        self.now = 0.0
+        """The latest ``at`` applied: the table's clock, which never goes back."""
+
+    # --- commands ---------------------------------------------------------------------------
+
+    def apply(self, command: object) -> dict[str, Any]:
+        """Apply one committed command; always returns a result dict, never raises."""
+        try:
+            if not isinstance(command, dict):
+                return _error("invalid", "command", "must be an object")
+            op = command.get("op")
+            handler = _OPS.get(op) if isinstance(op, str) else None
+            if handler is None:
+                return _error("invalid", "op", f"unknown op (one of {', '.join(_OPS)})")
+            at = _seconds(command, "at", -1.0, math.inf)
+            self.now = max(self.now, at)
+            return handler(self, command)
+        except _Invalid as exc:
+            return _error("invalid", exc.field, exc.message)
+        except Exception as exc:  # noqa: BLE001 - a bug must not split the replicas
+            return _error("internal", "", f"{type(exc).__name__}: {exc}")
+
+    def _acquire(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job, holder, node = _text(cmd, "job"), _text(cmd, "holder"), _text(cmd, "node")
+        gpus = cmd.get("gpus", [])
+        if (not isinstance(gpus, list) or len(gpus) > 256
+                or not all(isinstance(g, str) and 0 < len(g) <= 128 for g in gpus)
+                or len(set(gpus)) != len(gpus)):
+            raise _Invalid("gpus", "must be a list of at most 256 distinct GPU ids")
+        ttl = _seconds(cmd, "ttl", 0.0, MAX_TTL)
+        start = _seconds(cmd, "start_timeout", 0.0, MAX_TTL) if "start_timeout" in cmd else ttl
+        now = self.now
+        current = self.leases.get(job)
+        if current is not None and current.live(now):
+            return _error("held", "job", f"job {job!r} is held by {current.holder!r} "
+                          f"(token {current.token}) until {current.expires_at:.3f}")
+        resources = [f"{node}/{g}" for g in gpus]
+        for r in resources:
+            other = self.owner.get(r)
+            if other is not None and other != job and self.leases[other].live(now):
+                return _error("busy", "gpus", f"{r} is leased to job {other!r}")
+        self._drop(job)
+        for r in resources:
+            other = self.owner.get(r)
+            if other is not None:
+                self._drop(other)  # expired: reaped now
+        self.token += 1
+        lease = Lease(job, holder, node, tuple(gpus), self.token, now, now + start, ttl)
+        self.leases[job] = lease
+        for r in resources:
+            self.owner[r] = job
+        return {"ok": True, "token": lease.token, "expires_at": lease.expires_at}
+
+    def _renew(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        lease, err = self._fenced(cmd)
+        if err is not None:
+            return err
+        assert lease is not None
+        progress = _seconds(cmd, "progress", -1.0, 1.0) if "progress" in cmd else lease.progress
+        step = cmd.get("step", lease.step)
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**53:
+            raise _Invalid("step", "must be an integer >= 0")
+        renewed = replace(lease, expires_at=self.now + lease.ttl,
+                          renewals=lease.renewals + 1, progress=progress, step=step)
+        self.leases[lease.job] = renewed
+        return {"ok": True, "token": renewed.token, "expires_at": renewed.expires_at}
+
+    def _release(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        outcome = cmd.get("outcome")
+        if outcome not in OUTCOMES:
+            return _error("invalid", "outcome", f"must be one of {', '.join(OUTCOMES)}")
+        lease, err = self._fenced(cmd, allow_expired=True)
+        if err is not None:
+            return err
+        assert lease is not None
+        self._drop(lease.job)
+        return {"ok": True, "token": lease.token, "outcome": outcome}
+
+    def _fenced(self, cmd: dict[str, Any], allow_expired: bool = False
+                ) -> tuple[Lease | None, dict[str, Any] | None]:
+        job, token = _text(cmd, "job"), cmd.get("token")
+        if isinstance(token, bool) or not isinstance(token, int) or token <= 0:
+            raise _Invalid("token", "must be an integer > 0")
+        lease = self.leases.get(job)
+        if lease is None or lease.token != token:
+            held = f"token {lease.token}" if lease is not None else "no lease"
+            return None, _error("fenced", "token", f"token {token} no longer holds job "
+                                f"{job!r} ({held})")
+        if not allow_expired and not lease.live(self.now):
+            return None, _error("expired", "token", f"the lease of job {job!r} lapsed at "
+                                f"{lease.expires_at:.3f}")
+        return lease, None
+
+    def _drop(self, job: str) -> None:
+        lease = self.leases.pop(job, None)
+        if lease is not None:
+            for r in lease.resources:
+                if self.owner.get(r) == job:
+                    del self.owner[r]
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def holder_of(self, node: str, gpu: str, at: float) -> Lease | None:
+        """The live lease covering ``node``'s ``gpu`` at ``at``, if any."""
+        job = self.owner.get(f"{node}/{gpu}")
+        lease = self.leases.get(job) if job is not None else None
+        return lease if lease is not None and lease.live(max(at, self.now)) else None
+
+    def live(self, at: float) -> list[Lease]:
+        t = max(at, self.now)
+        return [lease for lease in self.leases.values() if lease.live(t)]
+
+    # --- snapshots --------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"format": SNAPSHOT_FORMAT, "token": self.token, "now": self.now,
+                "leases": [[lease.job, lease.holder, lease.node, list(lease.gpus), lease.token,
+                            lease.granted_at, lease.expires_at, lease.ttl, lease.renewals,
+                            lease.progress, lease.step]
+                           for lease in self.leases.values()]}
+
+    @classmethod
+    def restore(cls, data: dict[str, Any]) -> LeaseTable:
+        if data.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(f"lease snapshot format {data.get('format')!r} is not "
+                             f"{SNAPSHOT_FORMAT}")
+        table = cls()
+        table.token, table.now = int(data["token"]), float(data["now"])
+        for row in data["leases"]:
+            job, holder, node, gpus, token, granted, expires, ttl, renewals, progress, step = row
+            lease = Lease(job, holder, node, tuple(gpus), int(token), float(granted),
+                          float(expires), float(ttl), int(renewals), float(progress), int(step))
+            table.leases[job] = lease
+            for r in lease.resources:
+                table.owner[r] = job
+        return table
+
+
+_OPS = {"acquire": LeaseTable._acquire, "renew": LeaseTable._renew,
+        "release": LeaseTable._release}
+
+
+class _Invalid(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(field, message)
+        self.field, self.message = field, message
+
+
+def _text(cmd: dict[str, Any], name: str) -> str:
+    value = cmd.get(name)
+    if not isinstance(value, str) or not 0 < len(value) <= 256:
+        raise _Invalid(name, "must be a string of 1..256 characters")
+    return value
+
+
+def _seconds(cmd: dict[str, Any], name: str, above: float, most: float) -> float:
+    """``cmd[name]`` as a float in (above, most] (``above`` < 0: [0, most])."""
+    value = cmd.get(name)
+    if (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            and (value > above if above >= 0 else value >= 0) and value <= most):
+        return float(value)
+    low = f"({above:g}" if above >= 0 else "[0"
+    raise _Invalid(name, f"must be a number in {low}, {most:g}]")
+
+
+def _error(code: str, field: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "error": code, "field": field, "message": message}
+
+
+class LeaseKeeper:
+    """The trainer's side of one lease: when to renew, and when to stop the job on its own.
+
+    Pure: every method takes the trainer's monotonic clock.  The job may run only while
+    :meth:`may_run` holds, which ends ``ttl - margin`` after the *sending* of the last renewal
+    the table granted - never later than the table's own expiry, whatever the network did to
+    the reply (see the module docstring).  A trainer cut off from the coordinators therefore
+    kills its job before the table can give the GPUs to another copy.
+
+    The trainer learns of a grant from the table, with no send time of its own to count
+    from, so it starts the job only after its first renewal is granted: that renewal is the
+    "first progress" the grant's ``start_timeout`` waits for.
+    """
+
+    def __init__(self, token: int, ttl: float, margin: float = 1.0) -> None:
+        if not 0 <= margin < ttl:
+            raise ValueError("margin must be >= 0 and shorter than ttl")
+        self.token = token
+        self.ttl = ttl
+        self.margin = margin
+        self.deadline = -math.inf
+        """Until when (trainer clock) the job may run on what the table has granted."""
+        self.fenced = False
+        """The table refused a renewal (``fenced``/``expired``): stop for good."""
+
+    def may_run(self, now: float) -> bool:
+        return not self.fenced and now < self.deadline
+
+    def renew_at(self, now: float) -> float:
+        """When to send the next renewal: at once before the first grant, then a third of the
+        way into each granted period, so two more tries fit before the deadline."""
+        if self.deadline == -math.inf:
+            return now
+        return self.deadline - (self.ttl - self.margin) * 2 / 3
+
+    def granted(self, sent_at: float) -> None:
+        """The table granted a renewal sent at ``sent_at``."""
+        if not self.fenced:
+            self.deadline = max(self.deadline, sent_at + self.ttl - self.margin)
+
+    def refused(self, error: str) -> None:
+        """The table refused a renewal; ``fenced`` and ``expired`` end the lease for good (other
+        errors - no quorum, a timeout - leave the deadline as it is)."""
+        if error in ("fenced", "expired"):
+            self.fenced = True
