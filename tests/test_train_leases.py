@@ -159,12 +159,14 @@ class Trainer:
 def simulate(seed: int, seconds: float = 20.0) -> int:
     """Jobs move between trainers on one node's GPUs while messages take up to 5 ms (75%),
     are held up (15%, 0.5 s on average, exponential) or lost (10%), partitions cut trainers
-    off for up to 8 s, and the leader's clock is off by up to ``0.9 * MARGIN`` (changing
-    with each new leader).  Every 10 ms of real time, no GPU may have two trainers allowed
-    to run on it.  Returns the number of grants.
+    off for up to 8 s, and each new leader's clock is off by up to ``0.45 * MARGIN`` (so two
+    leaders disagree by up to ``0.9 * MARGIN``).  Every 10 ms of real time, no GPU may have
+    two trainers allowed to run on it.  Returns the number of grants.
 
-    Checked to fail when the keeper counts 1.2 s past the send of a granted renewal (more
-    than its margin) and when the leaders' clocks disagree by up to 1.5 ``MARGIN``."""
+    Checked to fail, in 1 or 2 of 40 seeds, when the keeper counts 1.2 s past the send of a
+    granted renewal (more than its margin) and when each leader may be off by 1.5
+    ``MARGIN``.  A first version let each leader be off by 0.9 ``MARGIN``, so two could
+    disagree by 1.8: it failed once in CI, rightly."""
     rng = random.Random(seed)
     table = LeaseTable()
     trainers = [Trainer(rng.uniform(-1000, 1000)) for _ in range(3)]
@@ -229,7 +231,7 @@ def simulate(seed: int, seconds: float = 20.0) -> int:
             _, _, action = heapq.heappop(queue)
             action(real)
         if rng.random() < 0.02:
-            skew[0] = rng.uniform(-0.9 * MARGIN, 0.9 * MARGIN)  # a new leader
+            skew[0] = rng.uniform(-0.45 * MARGIN, 0.45 * MARGIN)  # a new leader
         if rng.random() < 0.1:
             place(real)
         if rng.random() < 0.01:  # a partition isolates a trainer for a while
@@ -254,7 +256,7 @@ def simulate(seed: int, seconds: float = 20.0) -> int:
 
 
 @given(st.integers(0, 2**32))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=150, deadline=None)
 def test_no_two_trainers_ever_run_on_one_gpu(seed: int) -> None:
     simulate(seed)
 

@@ -23,8 +23,9 @@ and every write it makes with it (renewals, checkpoints stamped with it) is refu
 clock, and ``at`` is stamped after the trainer sent its renewal.  The trainer's
 :class:`LeaseKeeper` stops the job ``ttl - margin`` after it *sent* that renewal, by its own
 monotonic clock.  So the trainer has stopped before the table can hand its GPUs to anyone,
-as long as the coordinators' clocks disagree by less than ``margin`` (the default 1 s; NTP
-keeps them within milliseconds) and no clock runs more than ``margin / ttl`` fast.
+as long as any two coordinators' clocks disagree by less than ``margin`` (the default 1 s;
+NTP keeps them within milliseconds: the leader that stamped a renewal and the one that stamps
+a later grant may differ) and no clock runs more than ``margin / ttl`` fast.
 """
 
 from __future__ import annotations
