@@ -34,6 +34,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from policy.errors import PolicyError
+from policy.fields import Choice, Integer, ListOf, Number, Text
+
 OUTCOMES = ("done", "failed", "cancelled", "preempted", "moved")
 """What a released lease ended with."""
 
@@ -86,38 +89,36 @@ class LeaseTable:
         """Apply one committed command; always returns a result dict, never raises."""
         try:
             if not isinstance(command, dict):
-                return _error("invalid", "command", "must be an object")
-            op = command.get("op")
-            handler = _OPS.get(op) if isinstance(op, str) else None
+                raise PolicyError("command", "must be an object")
+            handler = _OPS.get(str(command.get("op")))
             if handler is None:
-                return _error("invalid", "op", f"unknown op (one of {', '.join(_OPS)})")
-            at = _seconds(command, "at", -1.0, math.inf)
-            self.now = max(self.now, at)
+                raise PolicyError("op", f"unknown op (one of {', '.join(_OPS)})")
+            self.now = max(self.now, _AT(command.get("at"), "at"))
             return handler(self, command)
-        except _Invalid as exc:
+        except PolicyError as exc:
             return _error("invalid", exc.field, exc.message)
+        except _Refused as exc:
+            return _error(exc.code, exc.field, exc.message)
         except Exception as exc:  # noqa: BLE001 - a bug must not split the replicas
             return _error("internal", "", f"{type(exc).__name__}: {exc}")
 
     def _acquire(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        job, holder, node = _text(cmd, "job"), _text(cmd, "holder"), _text(cmd, "node")
-        gpus = cmd.get("gpus", [])
-        if (not isinstance(gpus, list) or len(gpus) > 256
-                or not all(isinstance(g, str) and 0 < len(g) <= 128 for g in gpus)
-                or len(set(gpus)) != len(gpus)):
-            raise _Invalid("gpus", "must be a list of at most 256 distinct GPU ids")
-        ttl = _seconds(cmd, "ttl", 0.0, MAX_TTL)
-        start = _seconds(cmd, "start_timeout", 0.0, MAX_TTL) if "start_timeout" in cmd else ttl
+        job, holder, node = (_NAME(cmd.get(k), k) for k in ("job", "holder", "node"))
+        gpus = _GPUS(cmd.get("gpus", []), "gpus")
+        if len(set(gpus)) != len(gpus):
+            raise PolicyError("gpus", "must be distinct GPU ids")
+        ttl = _TTL(cmd.get("ttl"), "ttl")
+        start = _TTL(cmd["start_timeout"], "start_timeout") if "start_timeout" in cmd else ttl
         now = self.now
         current = self.leases.get(job)
         if current is not None and current.live(now):
-            return _error("held", "job", f"job {job!r} is held by {current.holder!r} "
-                          f"(token {current.token}) until {current.expires_at:.3f}")
+            raise _Refused("held", "job", f"job {job!r} is held by {current.holder!r} "
+                           f"(token {current.token}) until {current.expires_at:.3f}")
         resources = [f"{node}/{g}" for g in gpus]
         for r in resources:
             other = self.owner.get(r)
             if other is not None and other != job and self.leases[other].live(now):
-                return _error("busy", "gpus", f"{r} is leased to job {other!r}")
+                raise _Refused("busy", "gpus", f"{r} is leased to job {other!r}")
         self._drop(job)
         for r in resources:
             other = self.owner.get(r)
@@ -131,44 +132,34 @@ class LeaseTable:
         return {"ok": True, "token": lease.token, "expires_at": lease.expires_at}
 
     def _renew(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        lease, err = self._fenced(cmd)
-        if err is not None:
-            return err
-        assert lease is not None
-        progress = _seconds(cmd, "progress", -1.0, 1.0) if "progress" in cmd else lease.progress
-        step = cmd.get("step", lease.step)
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**53:
-            raise _Invalid("step", "must be an integer >= 0")
+        lease = self._held(cmd, allow_expired=False)
+        progress = _PROGRESS(cmd["progress"], "progress") if "progress" in cmd \
+            else lease.progress
+        step = _STEP(cmd["step"], "step") if "step" in cmd else lease.step
         renewed = replace(lease, expires_at=self.now + lease.ttl,
                           renewals=lease.renewals + 1, progress=progress, step=step)
         self.leases[lease.job] = renewed
         return {"ok": True, "token": renewed.token, "expires_at": renewed.expires_at}
 
     def _release(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        outcome = cmd.get("outcome")
-        if outcome not in OUTCOMES:
-            return _error("invalid", "outcome", f"must be one of {', '.join(OUTCOMES)}")
-        lease, err = self._fenced(cmd, allow_expired=True)
-        if err is not None:
-            return err
-        assert lease is not None
+        outcome = _OUTCOME(cmd.get("outcome"), "outcome")
+        lease = self._held(cmd, allow_expired=True)
         self._drop(lease.job)
         return {"ok": True, "token": lease.token, "outcome": outcome}
 
-    def _fenced(self, cmd: dict[str, Any], allow_expired: bool = False
-                ) -> tuple[Lease | None, dict[str, Any] | None]:
-        job, token = _text(cmd, "job"), cmd.get("token")
-        if isinstance(token, bool) or not isinstance(token, int) or token <= 0:
-            raise _Invalid("token", "must be an integer > 0")
+    def _held(self, cmd: dict[str, Any], allow_expired: bool) -> Lease:
+        """The job's lease, if ``cmd['token']`` still names it; else refused (``fenced``, or
+        ``expired`` unless ``allow_expired``)."""
+        job, token = _NAME(cmd.get("job"), "job"), _TOKEN(cmd.get("token"), "token")
         lease = self.leases.get(job)
         if lease is None or lease.token != token:
             held = f"token {lease.token}" if lease is not None else "no lease"
-            return None, _error("fenced", "token", f"token {token} no longer holds job "
-                                f"{job!r} ({held})")
+            raise _Refused("fenced", "token", f"token {token} no longer holds job {job!r} "
+                           f"({held})")
         if not allow_expired and not lease.live(self.now):
-            return None, _error("expired", "token", f"the lease of job {job!r} lapsed at "
-                                f"{lease.expires_at:.3f}")
-        return lease, None
+            raise _Refused("expired", "token", f"the lease of job {job!r} lapsed at "
+                           f"{lease.expires_at:.3f}")
+        return lease
 
     def _drop(self, job: str) -> None:
         lease = self.leases.pop(job, None)
@@ -184,10 +175,6 @@ class LeaseTable:
         job = self.owner.get(f"{node}/{gpu}")
         lease = self.leases.get(job) if job is not None else None
         return lease if lease is not None and lease.live(max(at, self.now)) else None
-
-    def live(self, at: float) -> list[Lease]:
-        t = max(at, self.now)
-        return [lease for lease in self.leases.values() if lease.live(t)]
 
     # --- snapshots --------------------------------------------------------------------------
 
@@ -219,27 +206,23 @@ _OPS = {"acquire": LeaseTable._acquire, "renew": LeaseTable._renew,
         "release": LeaseTable._release}
 
 
-class _Invalid(Exception):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(field, message)
-        self.field, self.message = field, message
+_AT = Number(ge=0)
+_NAME = Text(1, 256)
+_GPUS = ListOf(Text(1, 128), unique=False)  # duplicates are refused naming "gpus" itself
+_TTL = Number(gt=0, le=MAX_TTL)
+_PROGRESS = Number(ge=0, le=1)
+_STEP = Integer(ge=0)
+_TOKEN = Integer(ge=1)
+_OUTCOME = Choice(OUTCOMES)
 
 
-def _text(cmd: dict[str, Any], name: str) -> str:
-    value = cmd.get(name)
-    if not isinstance(value, str) or not 0 < len(value) <= 256:
-        raise _Invalid(name, "must be a string of 1..256 characters")
-    return value
+class _Refused(Exception):
+    """A valid command the table's state refuses (``held``, ``busy``, ``fenced``,
+    ``expired``)."""
 
-
-def _seconds(cmd: dict[str, Any], name: str, above: float, most: float) -> float:
-    """``cmd[name]`` as a float in (above, most] (``above`` < 0: [0, most])."""
-    value = cmd.get(name)
-    if (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            and (value > above if above >= 0 else value >= 0) and value <= most):
-        return float(value)
-    low = f"({above:g}" if above >= 0 else "[0"
-    raise _Invalid(name, f"must be a number in {low}, {most:g}]")
+    def __init__(self, code: str, field: str, message: str) -> None:
+        super().__init__(code, field, message)
+        self.code, self.field, self.message = code, field, message
 
 
 def _error(code: str, field: str, message: str) -> dict[str, Any]:
