@@ -117,14 +117,16 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
     and we make that plain data (``PolicyStore.snapshot()``), never our classes."""
 
     def __init__(self, kinds: Collection[str], durable: Callable[[], None],
-                 on_change: Callable[[Change], None], on_reset: Callable[[dict], None]) -> None:
+                 on_change: Callable[[Change], None], on_reset: Callable[[dict], None],
+                 store_class: type[PolicyStore] = PolicyStore) -> None:
         self.lock = threading.Lock()
         self.kinds = frozenset(kinds)
+        self.store_class = store_class
         self.durable = durable
         self.on_change = on_change
         self.on_reset = on_reset
         super().__init__()
-        self.store = PolicyStore(self.kinds)
+        self.store = store_class(self.kinds)
 
     @replicated  # type: ignore[untyped-decorator]
     def apply(self, command: dict) -> dict:
@@ -145,7 +147,7 @@ class _StoreConsumer(SyncObjConsumer):  # type: ignore[misc]
         return {"snapshot": self.snapshot()}
 
     def _deserialize(self, data: dict) -> None:
-        store = PolicyStore.restore(data["snapshot"])
+        store = self.store_class.restore(data["snapshot"])
         with self.lock:
             self.store = store
             snap = store.snapshot()
@@ -159,13 +161,17 @@ class RaftGroup:
                  tls: RaftTls, kinds: Collection[str], timing: Timing = Timing(),
                  bind: str | None = None,
                  on_change: Callable[[Change], None] = lambda c: None,
-                 on_reset: Callable[[dict], None] = lambda s: None) -> None:
+                 on_reset: Callable[[dict], None] = lambda s: None,
+                 store_class: type[PolicyStore] = PolicyStore,
+                 stamped_ops: Collection[str] = ()) -> None:
         self.name = name
         self.address = address
         self.timing = timing
+        self.stamped_ops = frozenset(stamped_ops)
+        """Commands whose ``at`` this coordinator sets from its own clock when proposing."""
         data_dir.mkdir(parents=True, exist_ok=True)
         journal = data_dir / f"{name}.journal"
-        self.consumer = _StoreConsumer(kinds, lambda: None, on_change, on_reset)
+        self.consumer = _StoreConsumer(kinds, lambda: None, on_change, on_reset, store_class)
         self.durability = JournalSync(journal, lambda: self.consumer._syncObj)
         self.durability.dump_file = data_dir / f"{name}.dump"
         self.consumer.durable = self.durability
@@ -226,6 +232,8 @@ class RaftGroup:
         if self._closed:
             raise ConsensusError("closed", f"raft group {self.name} is shut down")
         self.check_quorum()
+        if command.get("op") in self.stamped_ops:
+            command = {**command, "at": time.time()}
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[tuple[Any, int]] = loop.create_future()
         ref = weakref.ref(fut)

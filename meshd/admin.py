@@ -26,6 +26,8 @@ from meshd.rbac import AuditLog, JwtVerifier, Policy
 from meshd.security import Security, SecurityError, key_fingerprint
 from meshd.signals import SignalPlane
 from meshd.state_api import StatePlaneService
+from meshd.train.api import JobsAdmin
+from meshd.train.service import TrainService
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc, state_pb2_grpc
 from topology.coordinate import Coordinate
 from topology.estimate import Estimate
@@ -44,11 +46,11 @@ def estimate_pb(est: Estimate) -> admin_pb2.RttEstimate:
 
 
 READ_ONLY = ("Members", "Rtt", "Whoami", "KeysList", "PolicyGet", "PolicyList", "RaftStatus",
-             "SubscribeEvents", "State")
+             "SubscribeEvents", "State", "GetJob", "ListJobs")
 STATE_REPORTS = ("ReportModelState", "ReportGpuState", "ReportCommStats")
 """StatePlane feeds: runtimes' exporters run as operators or with a node certificate."""
 OPERATIONAL: tuple[str, ...] = ("Cordon", "Uncordon", "Drain", "Quarantine", "PolicyApply",
-                                "PolicyDelete", *STATE_REPORTS)
+                                "PolicyDelete", "SubmitJob", "CancelJob", *STATE_REPORTS)
 ADMIN_ONLY = ("KeysChange", "TokenCreate", "Revoke")
 NODE_METHODS = (*NODE_ONLY, "Subscribe", *STATE_REPORTS)
 METHODS = tuple(dict.fromkeys(READ_ONLY + OPERATIONAL + ADMIN_ONLY + NODE_METHODS))
@@ -60,10 +62,12 @@ def default_policy() -> Policy:
     return Policy.default(READ_ONLY, OPERATIONAL, NODE_METHODS)
 
 
-class AdminService(PolicyAdmin, admin_pb2_grpc.AdminServicer):
+class AdminService(PolicyAdmin, JobsAdmin, admin_pb2_grpc.AdminServicer):
     def __init__(self, swim: Swim, clock: object, coordinates: CoordinatePlane,
-                 security: Security, control: ControlPlane) -> None:
+                 security: Security, control: ControlPlane,
+                 train: TrainService | None = None) -> None:
         self.control = control
+        self.train = train
         self.swim = swim
         self.clock = clock  # callable returning the core's "now"
         self.coordinates = coordinates
@@ -252,13 +256,14 @@ def build_authorizer(security: Security, *, policy_file: str = "", jwt_jwks: str
 async def serve(swim: Swim, clock: object, host: str, port: int, *,
                 coordinates: CoordinatePlane, security: Security,
                 authorizer: Authorizer, control: ControlPlane,
-                signals: SignalPlane | None = None) -> grpc.aio.Server:
+                signals: SignalPlane | None = None,
+                train: TrainService | None = None) -> grpc.aio.Server:
     # gRPC enables SO_REUSEPORT by default: a second agent could then bind the same admin port
     # and the kernel would split meshctl's connections between the two.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
                              interceptors=[AuthzInterceptor(authorizer)])
     admin_pb2_grpc.add_AdminServicer_to_server(
-        AdminService(swim, clock, coordinates, security, control), server)
+        AdminService(swim, clock, coordinates, security, control, train), server)
     admin_pb2_grpc.add_ConsensusServicer_to_server(ConsensusService(control), server)
     if signals is not None:
         state_pb2_grpc.add_StatePlaneServicer_to_server(StatePlaneService(signals), server)

@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from adapters.model import GpuState
 from adapters.triton import TritonEndpoint
 from certs.ca import CaError
 from consensus.group import WAN_TIMING, Timing
@@ -49,6 +50,7 @@ from meshd.security import EnrollmentRefused, Security, SecurityError
 from meshd.settings import DEFAULT_RAFT_PORT, Settings, parse_hostport
 from meshd.signal_wire import SECTION as SIGNALS_SECTION
 from meshd.signals import SignalPlane
+from meshd.train.service import TrainService
 from topology.zones import Place
 
 log = logging.getLogger("meshd.agent")
@@ -164,6 +166,9 @@ class Agent:
                 "wan" if settings.profile == "wan" else "lan")) == "wan" else Timing())
         self.health = AutoQuarantine(settings.node, self.control, lambda: self.signals.current,
                                      self._data.path)
+        self.train = TrainService(settings.node, self.control, lambda: self.swim,
+                                  self._gpus_of, trainer="trainer" in settings.roles,
+                                  data_dir=Path(settings.data_path()))
         self.scorer = Scorer(self.signals.fused, zone=settings.zone, policy=self._policy_spec,
                              policy_version=lambda: self._policy_store.version,
                              rtt_of=self._rtt_of, zone_of=self._zone_of,
@@ -319,7 +324,7 @@ class Agent:
             self._admin = await admin.serve(swim, loop.time, admin_host, admin_port,
                                             coordinates=self.coordinates, security=sec,
                                             authorizer=authorizer, control=self.control,
-                                            signals=self.signals)
+                                            signals=self.signals, train=self.train)
             if metrics_addr:
                 self.metrics.serve(*metrics_addr)
             score_addr = s.score_addr()
@@ -354,6 +359,7 @@ class Agent:
         publisher = asyncio.create_task(self._publish_loop())
         renewer = asyncio.create_task(sec.renew_loop())
         controller = asyncio.create_task(self.control.run())
+        trainer = asyncio.create_task(self.train.run())
         await self.signals.start()
         follower = asyncio.create_task(self._follow_signals())
         health = asyncio.create_task(self.health.run())
@@ -370,6 +376,8 @@ class Agent:
         publisher.cancel()
         renewer.cancel()
         controller.cancel()
+        trainer.cancel()
+        await self.train.close()
         follower.cancel()
         health.cancel()
         await self._shutdown(leave=code == 0)
@@ -499,6 +507,10 @@ class Agent:
         self.control.learn(name, sections)
         if changed is None or SIGNALS_SECTION in changed:
             self.signals.learn(name, sections)
+
+    def _gpus_of(self, name: str) -> list[GpuState]:
+        entry = self.signals.fused.nodes.get(name)
+        return list(entry.signals.gpus) if entry is not None else []
 
     def _flags_of(self, name: str) -> list[str]:
         return self.control.flags_of(name)

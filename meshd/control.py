@@ -39,8 +39,9 @@ from gossip.protocol import Swim
 from gossip.state import Addr, Status
 from meshd.peers import PeerChannels
 from meshd.security import Security
+from meshd.train.board import STAMPED_OPS, PlacementStore
 from policy.model import KINDS
-from policy.store import Change
+from policy.store import Change, PolicyStore
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger("meshd.control")
@@ -290,7 +291,9 @@ class ControlPlane:
         grp = RaftGroup(group, address=address, partners=members,
                         data_dir=self.raft_dir, tls=self.security.raft_tls(self.node_names),
                         kinds=kinds_of(group), timing=self.timing, bind=bind,
-                        on_change=on_change, on_reset=on_reset)
+                        on_change=on_change, on_reset=on_reset,
+                        store_class=PlacementStore if group == "placements" else PolicyStore,
+                        stamped_ops=STAMPED_OPS if group == "placements" else ())
         try:
             await grp.wait_bound()
         except Exception as exc:

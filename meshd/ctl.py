@@ -17,7 +17,7 @@ from certs import tls
 from certs.ca import CaError, CertificateAuthority
 from certs.identity import Identity, IdentityError, load_pem_certs
 from certs.spiffe import SpiffeError, SpiffeId
-from meshd import ctl_policy, ctl_state
+from meshd import ctl_jobs, ctl_policy, ctl_state
 from meshd.rbac import ACCESS_ROLES
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
@@ -290,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     cis.set_defaults(func=cert_issue, offline=True)
     ctl_policy.add_commands(sub)
     ctl_state.add_commands(sub)
+    ctl_jobs.add_commands(sub)
     return p
 
 

@@ -94,6 +94,16 @@ TrainingPlacement (placements; name = job id) — where a training job runs:
     lease (null | {holder, expires_unix}): the trainer daemon holding the job and when its soft
         lease lapses (seconds since the epoch); an expired lease lets the scheduler move the job.
     progress (number 0..1, default 0): fraction done, reported with each lease renewal.
+
+TrainingJob (placements; name = job id) — a submitted job and how it is doing.  Written only
+by the scheduler's commands (``meshctl jobs``), never by ``policy apply``:
+    job (object, required): the spec as submitted (meshd.train.spec.JOB_SPEC, normalized).
+    state ("queued" | "placed" | "running" | "done" | "failed" | "cancelled").
+    attempt (int >= 0): leases granted so far; node, gpus, token: the current (or last) one.
+    progress, step, loss, checkpoint, message: what the trainer last reported.
+    tried ([node]): nodes whose lease lapsed, skipped by later placements.
+    cancel (bool): cancellation asked while a trainer holds the job.
+    submitted_at, started_at, ended_at (unix seconds | null).
 """
 
 from __future__ import annotations
@@ -111,6 +121,7 @@ from policy.fields import (
     ListOf,
     Number,
     Object,
+    Raw,
     Text,
     gpu_id_check,
     join,
@@ -121,12 +132,15 @@ from policy.fields import (
 )
 
 __all__ = [
-    "GROUPS", "KINDS", "SPECS", "TRAINING_STATES", "Document", "PolicyError", "copy_plain",
-    "defaults", "schedulable", "validate", "validate_key",
+    "GROUPS", "JOB_STATES", "KINDS", "SPECS", "TRAINING_STATES", "Document", "PolicyError",
+    "copy_plain", "defaults", "schedulable", "validate", "validate_key",
 ]
 
 GROUPS = ("policy", "placements")
 """The Raft groups documents live in."""
+
+JOB_STATES = ("queued", "placed", "running", "done", "failed", "cancelled")
+"""Life cycle of a TrainingJob; the last three are final."""
 
 TRAINING_STATES = ("pending", "running", "done", "failed")
 """Life cycle of a TrainingPlacement."""
@@ -205,6 +219,24 @@ SPECS: Mapping[str, Object] = {
         }, nullable=True), None, "soft lease; expired = the job may move"),
         "progress": Field(Number(ge=0, le=1), 0.0, "fraction done"),
     }),
+    "TrainingJob": Object({
+        "job": required(Raw(nullable=False), "the spec as submitted"),
+        "state": Field(Choice(JOB_STATES), "queued", "life-cycle state"),
+        "attempt": Field(Integer(ge=0), 0, "leases granted so far"),
+        "node": Field(Text(0, 256), "", "node of the current or last lease"),
+        "gpus": Field(ListOf(Text(1, 128)), [], "its GPUs (or CPU slots)"),
+        "token": Field(Integer(ge=0), 0, "its fencing token"),
+        "progress": Field(Number(ge=0, le=1), 0.0, "fraction done"),
+        "step": Field(Integer(ge=0), 0, "training step last reported"),
+        "loss": Field(Number(nullable=True), None, "loss last reported"),
+        "checkpoint": Field(Text(0, 1024), "", "latest checkpoint the trainer reported"),
+        "message": Field(Text(0, 1024), "", "last event, in words"),
+        "tried": Field(ListOf(Text(1, 256), unique=False), [], "nodes whose lease lapsed"),
+        "cancel": Field(Boolean(), False, "cancellation asked while held"),
+        "submitted_at": Field(Number(ge=0, nullable=True), None, "unix seconds"),
+        "started_at": Field(Number(ge=0, nullable=True), None, "first progress (unix s)"),
+        "ended_at": Field(Number(ge=0, nullable=True), None, "final state (unix s)"),
+    }),
 }
 """Each kind's spec schema (field checkers, defaults and one-line docs)."""
 
@@ -216,6 +248,7 @@ KINDS: Mapping[str, str] = {
     "HealthPolicy": "policy",
     "RoutingPolicy": "policy",
     "TrainingPlacement": "placements",
+    "TrainingJob": "placements",
 }
 """Kind -> the Raft group that replicates it."""
 

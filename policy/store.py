@@ -65,6 +65,7 @@ _SNAPSHOT = Object({
     "history_limit": required(Integer(ge=0)),
     "docs": required(Raw()),
     "history": required(Raw()),
+    "leases": F(Raw(), None, "the placements group's lease table (meshd.train.board)"),
 })
 
 

@@ -131,13 +131,16 @@ def meshes(tmp_path: Path) -> Iterator[Callable[..., Mesh]]:
     made: list[Cluster] = []
 
     def make(coordinators: int = 3, plain: int = 1, *, expect: int | None = None,
-             spare: int = 0, start: bool = True, **kw: Any) -> Mesh:
+             spare: int = 0, start: bool = True, extra: dict[int, list[str]] | None = None,
+             **kw: Any) -> Mesh:
         expect = coordinators if expect is None else expect
         total = coordinators + plain + spare
         port = pick_raft_port([node_ip(i) for i in range(1, total + 1)])
+        more = extra or {}
         c = Cluster(coordinators + plain, tmp_path / f"cluster{len(made)}", spare=spare,
                     node_args=lambda i: (coordinator_args(i, port, expect)
-                                         if i <= coordinators else []), **kw)
+                                         if i <= coordinators else []) + more.get(i, []),
+                    **kw)
         made.append(c)
         mesh = Mesh(c, port, expect, c.nodes[:coordinators], c.nodes[coordinators:])
         if start:

@@ -50,6 +50,19 @@ def _dropped_packets(ns: str) -> int:
     return 0
 
 
+def _timeline(c: Cluster, failed: list[tuple[str, str]]) -> str:
+    """Every membership event about a wrongly failed member, in time order, so a failure in
+    CI says who suspected whom, whether the refutation went out, and who never heard it."""
+    wrong = {m for _, m in failed if m != "n8"}
+    kinds = ("member_suspect", "member_alive", "member_refute", "member_failed")
+    rows = sorted((e["ts"], e["node"], e["event"], e.get("incarnation"), e.get("detail", ""))
+                  for kind in kinds for e in c.events(kind) if e.get("member") in wrong)
+    lines = [f"wrongly failed: {sorted(wrong)}; declared by {failed}"]
+    lines += [f"  {ts} {node:>3} {event:<14} inc={inc} {detail}"
+              for ts, node, event, inc, detail in rows]
+    return "\n".join(lines)
+
+
 def test_membership_under_10_percent_udp_loss(lossy_netns: str, tmp_path: Path) -> None:
     c = Cluster(8, tmp_path, netns=lossy_netns)
     try:
@@ -68,7 +81,7 @@ def test_membership_under_10_percent_udp_loss(lossy_netns: str, tmp_path: Path) 
 
         time.sleep(10)  # run on under loss: nobody else may be declared dead
         failed = [(e["node"], e["member"]) for e in c.events("member_failed")]
-        assert all(member == "n8" for _, member in failed), failed
+        assert all(member == "n8" for _, member in failed), _timeline(c, failed)
         # Every survivor still holds every survivor live (a suspicion may be in flight).
         survivors = [f"n{i}" for i in range(1, 7)]
         views = c.views()

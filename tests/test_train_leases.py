@@ -46,7 +46,7 @@ def test_renewals_extend_by_ttl_and_carry_progress() -> None:
     tok = acquire(t, "a", 0.0)["token"]
     r = t.apply({"op": "renew", "job": "a", "token": tok, "at": 4.0, "progress": 0.25,
                  "step": 40})
-    assert r == {"ok": True, "token": tok, "expires_at": 14.0}
+    assert r == {"ok": True, "token": tok, "expires_at": 14.0, "ttl": 10.0}
     lease = t.leases["a"]
     assert (lease.renewals, lease.progress, lease.step) == (1, 0.25, 40)
     late = t.apply({"op": "renew", "job": "a", "token": tok, "at": 14.0})

@@ -14,6 +14,8 @@ one's), so a lease that has expired stays expired.
     extends the lease ``token`` names; ``fenced`` if the job's lease is not that one any more,
     ``expired`` if it lapsed (the trainer must have stopped: see :class:`LeaseKeeper`).
 ``{"op": "release", "job", "token", "at", "outcome"}`` ends it (``done``, ``failed``, ...).
+``{"op": "expire", "job", "token", "at"}`` reaps a lease that has lapsed (``live`` if it has
+    not), so the scheduler can move its job; the trainer stopped on its own by then.
 
 **Fencing tokens** are one counter over the whole table, so a token names exactly one grant
 ever made: a trainer whose lease was taken over holds a smaller token than the new holder's,
@@ -139,13 +141,22 @@ class LeaseTable:
         renewed = replace(lease, expires_at=self.now + lease.ttl,
                           renewals=lease.renewals + 1, progress=progress, step=step)
         self.leases[lease.job] = renewed
-        return {"ok": True, "token": renewed.token, "expires_at": renewed.expires_at}
+        return {"ok": True, "token": renewed.token, "expires_at": renewed.expires_at,
+                "ttl": renewed.ttl}
 
     def _release(self, cmd: dict[str, Any]) -> dict[str, Any]:
         outcome = _OUTCOME(cmd.get("outcome"), "outcome")
         lease = self._held(cmd, allow_expired=True)
         self._drop(lease.job)
         return {"ok": True, "token": lease.token, "outcome": outcome}
+
+    def _expire(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        lease = self._held(cmd, allow_expired=True)
+        if lease.live(self.now):
+            raise _Refused("live", "token", f"the lease of job {lease.job!r} runs until "
+                           f"{lease.expires_at:.3f}")
+        self._drop(lease.job)
+        return {"ok": True, "token": lease.token, "node": lease.node}
 
     def _held(self, cmd: dict[str, Any], allow_expired: bool) -> Lease:
         """The job's lease, if ``cmd['token']`` still names it; else refused (``fenced``, or
@@ -203,7 +214,7 @@ class LeaseTable:
 
 
 _OPS = {"acquire": LeaseTable._acquire, "renew": LeaseTable._renew,
-        "release": LeaseTable._release}
+        "release": LeaseTable._release, "expire": LeaseTable._expire}
 
 
 _AT = Number(ge=0)
@@ -218,7 +229,7 @@ _OUTCOME = Choice(OUTCOMES)
 
 class _Refused(Exception):
     """A valid command the table's state refuses (``held``, ``busy``, ``fenced``,
-    ``expired``)."""
+    ``expired``, ``live``)."""
 
     def __init__(self, code: str, field: str, message: str) -> None:
         super().__init__(code, field, message)

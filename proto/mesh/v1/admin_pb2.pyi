@@ -441,3 +441,63 @@ class MembersResponse(_message.Message):
     local_node: str
     health_score: int
     def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., local_node: _Optional[str] = ..., health_score: _Optional[int] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("spec", "follow", "timeout_seconds")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    spec: str
+    follow: bool
+    timeout_seconds: float
+    def __init__(self, spec: _Optional[str] = ..., follow: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class JobRequest(_message.Message):
+    __slots__ = ("id", "timeout_seconds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    timeout_seconds: float
+    def __init__(self, id: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, state: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("id", "state", "attempt", "node", "gpus", "progress", "step", "loss", "message", "checkpoint", "tried", "document_json", "version")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    TRIED_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    state: str
+    attempt: int
+    node: str
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    progress: float
+    step: int
+    loss: float
+    message: str
+    checkpoint: str
+    tried: _containers.RepeatedScalarFieldContainer[str]
+    document_json: str
+    version: int
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., attempt: _Optional[int] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., progress: _Optional[float] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., message: _Optional[str] = ..., checkpoint: _Optional[str] = ..., tried: _Optional[_Iterable[str]] = ..., document_json: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...

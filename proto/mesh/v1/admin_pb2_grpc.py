@@ -120,6 +120,26 @@ class AdminStub:
                 request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.SubscribeEventsRequest.SerializeToString,
                 response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.Event.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.unary_stream(
+                '/mesh.v1.Admin/SubmitJob',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.FromString,
+                _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/mesh.v1.Admin/GetJob',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/mesh.v1.Admin/ListJobs',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
+        self.CancelJob = channel.unary_unary(
+                '/mesh.v1.Admin/CancelJob',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -249,6 +269,33 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitJob(self, request, context):
+        """SubmitJob queues a training job and, with follow set, streams its progress
+        (state, step, loss, message) until it ends or the call is cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJob(self, request, context):
+        """CancelJob ends a queued job at once; a running one is stopped by its trainer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -336,6 +383,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SubscribeEvents,
                     request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.SubscribeEventsRequest.FromString,
                     response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.Event.SerializeToString,
+            ),
+            'SubmitJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.SubmitJobRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ListJobsRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'CancelJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJob,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -798,6 +865,114 @@ class Admin:
             '/mesh.v1.Admin/SubscribeEvents',
             proto_dot_mesh_dot_v1_dot_admin__pb2.SubscribeEventsRequest.SerializeToString,
             proto_dot_mesh_dot_v1_dot_admin__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mesh.v1.Admin/SubmitJob',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.SubmitJobRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/GetJob',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.JobRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/ListJobs',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.ListJobsRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/CancelJob',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.JobRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.FromString,
             options,
             channel_credentials,
             insecure,

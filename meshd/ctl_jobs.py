@@ -1,0 +1,106 @@
+"""``meshctl jobs``: submit, follow, list, show, cancel training jobs, and read their logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from meshd.ctl_policy import _read_input
+from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
+
+
+def _line(s: admin_pb2.JobStatus) -> str:
+    loss = f" loss={s.loss:.4g}" if s.HasField("loss") else ""
+    where = f" on {s.node}" if s.node else ""
+    return (f"{s.id}: {s.state}{where} attempt={s.attempt} step={s.step} "
+            f"progress={s.progress:.0%}{loss}  {s.message}")
+
+
+def submit(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
+    try:
+        text = _read_input(args.file)
+    except OSError as exc:
+        print(f"meshctl: -f {args.file}: {exc.strerror}", file=sys.stderr)
+        return 2
+    stream = stub.SubmitJob(admin_pb2.SubmitJobRequest(
+        spec=text, follow=args.follow, timeout_seconds=args.timeout),
+        timeout=None if args.follow else args.timeout + 1)
+    last: admin_pb2.JobStatus | None = None
+    for status in stream:
+        last = status
+        print(_line(status), flush=True)
+    return 0 if last is None or last.state not in ("failed", "cancelled") else 1
+
+
+def get(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
+    s = stub.GetJob(admin_pb2.JobRequest(id=args.id), timeout=args.timeout + 1)
+    if args.format == "json":
+        print(json.dumps(json.loads(s.document_json), indent=2))
+    else:
+        print(_line(s))
+        if s.checkpoint:
+            print(f"  checkpoint: {s.checkpoint}")
+        if s.tried:
+            print(f"  leases lapsed on: {', '.join(s.tried)}")
+    return 0
+
+
+def list_jobs(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
+    resp = stub.ListJobs(admin_pb2.ListJobsRequest(state=args.state or []),
+                         timeout=args.timeout + 1)
+    if args.format == "json":
+        print(json.dumps([json.loads(s.document_json) for s in resp.jobs], indent=2))
+        return 0
+    for s in resp.jobs:
+        print(_line(s))
+    return 0
+
+
+def cancel(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
+    s = stub.CancelJob(admin_pb2.JobRequest(id=args.id, timeout_seconds=args.timeout),
+                       timeout=args.timeout + 1)
+    print(_line(s))
+    return 0
+
+
+def logs(args: argparse.Namespace) -> int:
+    """The job's output on this machine (the trainer keeps it in its data directory)."""
+    directory = Path(args.data_dir) / "jobs" / args.id
+    files = sorted(directory.glob("attempt-*.log"),
+                   key=lambda p: int(p.stem.removeprefix("attempt-")))
+    if not files:
+        print(f"meshctl: no logs of job {args.id!r} under {directory} (they stay on the "
+              "trainer that ran it)", file=sys.stderr)
+        return 1
+    for path in files:
+        print(f"==> {path.name} <==")
+        sys.stdout.write(path.read_text(errors="replace"))
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``meshctl jobs ...`` to ``meshctl``'s subparsers."""
+    jobs = sub.add_parser("jobs", help="training jobs")
+    jsub = jobs.add_subparsers(dest="jobs_command", required=True)
+    s = jsub.add_parser("submit", help="submit a job spec (JSON or YAML)")
+    s.add_argument("-f", "--file", required=True, help="the spec, or - for stdin")
+    s.add_argument("--follow", action="store_true", help="stream progress until it ends")
+    s.set_defaults(func=submit)
+    g = jsub.add_parser("get", help="one job's state")
+    g.add_argument("id")
+    g.add_argument("--format", choices=["text", "json"], default="text")
+    g.set_defaults(func=get)
+    ls = jsub.add_parser("list", help="every job the answering node knows")
+    ls.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
+    ls.add_argument("--format", choices=["text", "json"], default="text")
+    ls.set_defaults(func=list_jobs)
+    c = jsub.add_parser("cancel", help="cancel a job (a running one is stopped by its trainer)")
+    c.add_argument("id")
+    c.set_defaults(func=cancel)
+    lg = jsub.add_parser("logs", help="a job's output, read on the trainer that ran it")
+    lg.add_argument("id")
+    lg.add_argument("--data-dir", required=True, help="that trainer's --data-dir")
+    lg.set_defaults(func=logs, offline=True)

@@ -1,0 +1,139 @@
+"""Admin RPCs for training jobs (``meshctl jobs``): submit (with streamed progress), get,
+list and cancel.  A mixin of :class:`meshd.admin.AdminService`.
+
+A spec is validated here before anything reaches Raft, so a bad one is INVALID_ARGUMENT
+naming the field (``gpus.count: ...``); a job no trainer in the mesh could ever hold (more
+GPUs than any node has, a GPU type nobody has) is FAILED_PRECONDITION at once, not queued
+forever.  Reads come from the answering node's copy of the placements group.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from meshd.control import ControlPlane
+from meshd.policy_api import _caller, _timeout, commit
+from meshd.train.placement import Unplaceable, rank
+from meshd.train.scheduler import CPU
+from meshd.train.service import TrainService
+from meshd.train.spec import parse_job
+from policy.document import _load
+from policy.errors import PolicyError
+from policy.model import JOB_STATES, name_check
+from policy.records import StoredDoc
+from proto.mesh.v1 import admin_pb2
+
+FINAL = ("done", "failed", "cancelled")
+FOLLOW_WAIT = 1.0
+_ID = name_check()
+
+
+def job_status(stored: StoredDoc, version: int) -> admin_pb2.JobStatus:
+    s = stored.document.spec
+    out = admin_pb2.JobStatus(
+        id=stored.document.name, state=s["state"], attempt=s["attempt"], node=s["node"],
+        gpus=s["gpus"], progress=s["progress"], step=s["step"], message=s["message"],
+        checkpoint=s["checkpoint"], tried=s["tried"],
+        document_json=json.dumps(stored.to_dict()), version=version)
+    if s["loss"] is not None:
+        out.loss = s["loss"]
+    return out
+
+
+class JobsAdmin:
+    """The jobs half of the admin service (needs ``control`` and ``train``)."""
+
+    control: ControlPlane
+    train: TrainService | None
+
+    def _view_job(self, name: str) -> StoredDoc | None:
+        return self.control.views["placements"].store.get("TrainingJob", name)
+
+    async def SubmitJob(self, request: admin_pb2.SubmitJobRequest,  # noqa: N802 - gRPC name
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.JobStatus]:
+        try:
+            raws = _load(request.spec, "spec")
+            if len(raws) != 1:
+                raise PolicyError("spec", f"must hold exactly one job, got {len(raws)}")
+            spec = parse_job(raws[0])
+        except PolicyError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("unreachable") from None
+        timeout = await _timeout(request.timeout_seconds, context)
+        if self.train is not None:
+            why = _never_fits(spec.doc, self.train)
+            if why:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        result = await commit(self.control, context, "placements", {
+            "op": "submit", "job": spec.doc, "author": _caller(), "at": time.time()}, timeout)
+        version = int(result.get("version", 0))
+        view = self.control.views["placements"]
+        last = -1
+        while True:
+            stored = self._view_job(spec.id)
+            if stored is not None and stored.version != last:
+                last = stored.version
+                yield job_status(stored, view.version)
+                if not request.follow or stored.document.spec["state"] in FINAL:
+                    return
+            elif stored is None and view.version >= version:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"job {spec.id!r} vanished")
+            await view.wait_beyond(view.version, FOLLOW_WAIT)
+
+    async def GetJob(self, request: admin_pb2.JobRequest,  # noqa: N802
+                     context: grpc.aio.ServicerContext) -> admin_pb2.JobStatus:
+        stored = await self._existing(request.id, context)
+        return job_status(stored, self.control.views["placements"].version)
+
+    async def ListJobs(self, request: admin_pb2.ListJobsRequest,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> admin_pb2.ListJobsResponse:
+        bad = [s for s in request.state if s not in JOB_STATES]
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"state: unknown state {bad[0]!r}; expected one of "
+                                f"{', '.join(JOB_STATES)}")
+        view = self.control.views["placements"]
+        jobs = [job_status(d, view.version) for d in view.store.list("TrainingJob")
+                if not request.state or d.document.spec["state"] in request.state]
+        return admin_pb2.ListJobsResponse(jobs=jobs)
+
+    async def CancelJob(self, request: admin_pb2.JobRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> admin_pb2.JobStatus:
+        await self._existing(request.id, context)
+        timeout = await _timeout(request.timeout_seconds, context)
+        result = await commit(self.control, context, "placements", {
+            "op": "cancel", "job": request.id, "author": _caller(), "at": time.time()}, timeout)
+        stored = self._view_job(request.id)
+        assert stored is not None
+        return job_status(stored, int(result.get("version", 0)))
+
+    async def _existing(self, name: str, context: grpc.aio.ServicerContext) -> StoredDoc:
+        try:
+            _ID(name, "id")
+        except PolicyError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        stored = self._view_job(name)
+        if stored is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"id: no job {name!r}")
+        assert stored is not None
+        return stored
+
+
+def _never_fits(doc: dict[str, Any], train: TrainService) -> str:
+    """Why no trainer the mesh has could ever run the job ("" if one could)."""
+    trainers = train.trainers()
+    if not trainers:
+        return "no trainer in the mesh (start meshd --role trainer)"
+    spec = parse_job(doc)
+    cpu = doc["gpus"]["count"] == 0
+    slots = [s for t in trainers for s in t.slots if (s.gpu_type == CPU) == cpu]
+    try:
+        rank(spec.needs(), slots, limit=1)
+    except Unplaceable as exc:
+        return f"gpus.count: {exc}"
+    return ""

@@ -1,0 +1,224 @@
+"""One job on a trainer: the child process, its lease renewals, and fencing.
+
+The rule that keeps two copies of a job off one GPU lives in :class:`LeaseKeeper`: the child
+starts only after the first renewal is granted and is killed (SIGKILL, its whole process
+group) the moment the keeper's deadline passes without a newer grant - before the lease
+can lapse in the placements group and the job be placed elsewhere.  A trainer cut off from
+every coordinator therefore stops its job by itself.
+
+The child's stdout is read line by line: a JSON object with ``step``, ``loss``, ``progress``,
+``checkpoint`` or ``message`` is progress (sent with the next renewal); every line also goes
+to ``<data dir>/jobs/<id>/attempt-<n>.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from consensus.group import ConsensusError
+from meshd.train.leases import LeaseKeeper
+
+if TYPE_CHECKING:
+    from meshd.train.service import TrainService
+
+log = logging.getLogger("meshd.train")
+
+POLL = 0.05
+"""Seconds between deadline checks: how late past its deadline a job can be killed."""
+RETRY = 0.5
+"""Seconds between renewal attempts that failed for want of a quorum or leader."""
+
+
+class JobRun:
+    """Runs one lease of one job to its end (done, failed, fenced, cancelled, moved)."""
+
+    def __init__(self, service: TrainService, name: str, job: dict[str, Any],
+                 workdir: Path) -> None:
+        self.service = service
+        self.name = name
+        self.token: int = job["token"]
+        self.attempt: int = job["attempt"]
+        self.spec: dict[str, Any] = job["job"]
+        self.gpus: list[str] = list(job["gpus"])
+        self.workdir = workdir
+        self.keeper: LeaseKeeper | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.report: dict[str, Any] = {}
+        self.cancel = False
+        self.finished = False
+        self.outcome = ""
+        self._renewing = False
+        self._next_try = 0.0
+        self._reader: asyncio.Task[None] | None = None
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            self.outcome = await self._run()
+        finally:
+            self.kill("run ended")
+            self.finished = True
+            log.info("job run ended", extra={"event": "job_run_ended", "job": self.name,
+                                             "token": self.token, "detail": self.outcome})
+
+    async def _run(self) -> str:
+        while True:
+            now = time.monotonic()
+            k = self.keeper
+            if k is not None and k.fenced:
+                self.kill("lease fenced")
+                return "fenced"
+            if k is not None and not k.may_run(now):
+                self.kill("lease deadline passed without a granted renewal")
+                return "cut off"
+            due = k.renew_at(now) if k is not None else self._next_try
+            if now >= due and not self._renewing:
+                self._renewing = True
+                asyncio.create_task(self._renew(now))
+            if self.proc is None and k is not None and k.may_run(now) and not self.cancel:
+                await self._start()
+            if self.cancel:
+                self.kill("cancelled")
+                await self._release("cancelled", "cancelled")
+                return "cancelled"
+            if self.proc is not None and self.proc.returncode is not None:
+                if self._reader is not None:
+                    with contextlib.suppress(asyncio.TimeoutError, Exception):
+                        await asyncio.wait_for(self._reader, 2.0)
+                rc = self.proc.returncode
+                if rc == 0:
+                    await self._release("done", "")
+                    return "done"
+                await self._release("failed", f"exit code {rc}; see attempt-{self.attempt}.log "
+                                              f"on {self.service.node}")
+                return "failed"
+            if (self.proc is not None and self.spec.get("on_drain") == "migrate"
+                    and self.service.draining()):
+                self.kill("node draining")
+                await self._release("moved", f"{self.service.node} is draining; moved to "
+                                             "resume from its last checkpoint")
+                return "moved"
+            await asyncio.sleep(POLL)
+
+    def _payload(self) -> dict[str, Any]:
+        """The child's last report, as the placements group accepts it."""
+        cmd: dict[str, Any] = {}
+        r = self.report
+        if isinstance(r.get("progress"), int | float) and 0 <= r["progress"] <= 1:
+            cmd["progress"] = float(r["progress"])
+        if isinstance(r.get("step"), int) and not isinstance(r["step"], bool) and r["step"] >= 0:
+            cmd["step"] = r["step"]
+        if isinstance(r.get("loss"), int | float) and math.isfinite(r["loss"]):
+            cmd["loss"] = float(r["loss"])
+        for key in ("checkpoint", "message"):
+            if isinstance(r.get(key), str):
+                cmd[key] = r[key][:1024]
+        return cmd
+
+    async def _renew(self, sent: float) -> None:
+        cmd = {"op": "renew", "job": self.name, "token": self.token, **self._payload()}
+        try:
+            result = await self.service.write(cmd)
+        except ConsensusError as exc:
+            self._next_try = time.monotonic() + RETRY
+            log.info("lease renewal failed", extra={"event": "lease_renew_failed",
+                                                    "job": self.name, "detail": str(exc)})
+            return
+        finally:
+            self._renewing = False
+        if result.get("ok"):
+            if self.keeper is None:
+                self.keeper = LeaseKeeper(self.token, float(result["ttl"]))
+            self.keeper.granted(sent)
+            self.cancel = bool(result.get("cancel"))
+        else:
+            error = str(result.get("error"))
+            if self.keeper is None:
+                self.keeper = LeaseKeeper(self.token, 2.0)
+            self.keeper.refused(error)
+            if error not in ("fenced", "expired"):
+                self._next_try = time.monotonic() + RETRY
+            log.warning("lease renewal refused", extra={
+                "event": "lease_renew_refused", "job": self.name, "token": self.token,
+                "detail": f"{error}: {result.get('message', '')}"})
+
+    async def _release(self, outcome: str, message: str) -> None:
+        try:
+            await self.service.write({**self._payload(), "op": "release", "job": self.name,
+                                      "token": self.token, "outcome": outcome,
+                                      "message": message[:1024]})
+        except ConsensusError as exc:  # the lease lapses instead; the job is placed again
+            log.warning("lease release failed", extra={"event": "lease_release_failed",
+                                                       "job": self.name, "detail": str(exc)})
+
+    # --- the child --------------------------------------------------------------------------
+
+    def argv(self) -> list[str]:
+        if self.spec.get("command"):
+            return list(self.spec["command"])
+        module, func = str(self.spec["entry"]).split(":")
+        return [sys.executable, "-c", f"import sys, importlib; "
+                f"sys.exit(getattr(importlib.import_module({module!r}), {func!r})())"]
+
+    def environment(self) -> dict[str, str]:
+        checkpoints = self.spec.get("checkpoints") or str(self.workdir / "checkpoints")
+        env = {**os.environ, **{k: str(v) for k, v in self.spec.get("env", {}).items()},
+               "MESHD_JOB_ID": self.name, "MESHD_ATTEMPT": str(self.attempt),
+               "MESHD_LEASE_TOKEN": str(self.token), "MESHD_CHECKPOINT_DIR": checkpoints,
+               "MESHD_HPARAMS": json.dumps(self.spec.get("hyperparameters", {})),
+               "MESHD_MODEL": str(self.spec.get("model", ""))}
+        gpus = [g for g in self.gpus if not g.startswith("cpu")]
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return env
+
+    async def _start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        logfile = self.workdir / f"attempt-{self.attempt}.log"
+        env = {**self.environment(), "MESHD_TRAINER_PID": str(os.getpid())}
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "meshd.train.launch", *self.argv(),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, env=env, cwd=self.workdir,
+            start_new_session=sys.platform != "win32")
+        self._reader = asyncio.create_task(self._read(logfile))
+        log.info("job started", extra={"event": "job_started", "job": self.name,
+                                       "token": self.token, "pid": self.proc.pid,
+                                       "attempt": self.attempt})
+
+    async def _read(self, logfile: Path) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with logfile.open("ab") as out:
+            async for line in self.proc.stdout:
+                out.write(line)
+                out.flush()
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict):
+                    self.report = {**self.report, **doc}
+
+    def kill(self, why: str) -> None:
+        """Stop the child and everything it started, now (SIGKILL: fencing cannot wait)."""
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if sys.platform != "win32":
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        log.warning("job killed", extra={"event": "job_killed", "job": self.name,
+                                         "token": self.token, "detail": why})

@@ -1,0 +1,102 @@
+"""The scheduler's decisions: which leases to reap and which jobs to place where.
+
+Sans-I/O: :func:`plan` takes the placements group's documents, the trainers the node sees
+(from gossip) and ``now``, and returns the commands to propose.  The placements group's
+leader runs it every tick (``meshd/train/service.py``); the lease table, not this function,
+is the judge: a command built on a stale view is refused there (``live``, ``busy``,
+``held``) and the next tick plans again from the newer view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshd.train.placement import GpuSlot, Unplaceable, rank
+from meshd.train.spec import parse_job
+
+TTL = 5.0
+"""Seconds each renewal extends a lease by (trainers renew every ~1.3 s)."""
+START_TIMEOUT = 15.0
+"""Seconds a new lease waits for its trainer's first renewal (process start included)."""
+CPU = "cpu"
+"""``gpu_type`` of a CPU slot: jobs asking for 0 GPUs run there, and only there."""
+EXPIRE_GRACE = 0.2
+"""Seconds past a lease's expiry, by this node's clock, before reaping it is proposed (the
+table rechecks with the proposing coordinator's clock)."""
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A live trainer as gossip shows it."""
+
+    node: str
+    slots: tuple[GpuSlot, ...]
+    schedulable: bool = True
+    """False when cordoned, draining or quarantined."""
+
+
+@dataclass
+class Plan:
+    """What one tick decided."""
+
+    commands: list[dict[str, Any]] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)
+    """Job -> why it was not placed this tick."""
+
+
+def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
+         trainers: Collection[Trainer], now: float, *, ttl: float = TTL,
+         start_timeout: float = START_TIMEOUT) -> Plan:
+    """Commands for this tick.
+
+    ``jobs``: TrainingJob specs with ``name`` added; ``placements``: TrainingPlacement specs by
+    job.  A lapsed lease is reaped (``expire``) before its job is placed again, on the next
+    tick.  Queued jobs go by priority, then age; each takes the best candidate not already
+    taken this tick.
+    """
+    out = Plan()
+    jobs = list(jobs)
+    by_name = {j["name"]: j for j in jobs}
+    busy = {(p["node"], g) for p in placements.values() for g in p["gpus"]}
+    for name, p in sorted(placements.items()):
+        j = by_name.get(name)
+        expires = float((p.get("lease") or {}).get("expires_unix", 0.0))
+        if j is not None and j["state"] in ("placed", "running") and \
+                expires + EXPIRE_GRACE < now:
+            out.commands.append({"op": "expire", "job": name, "token": j["token"], "at": now})
+    blocked = {t.node for t in trainers if not t.schedulable}
+    cpu = [s for t in trainers for s in t.slots if s.gpu_type == CPU]
+    gpu = [s for t in trainers for s in t.slots if s.gpu_type != CPU]
+    queued = sorted((j for j in jobs if j["state"] == "queued" and not j["cancel"]),
+                    key=lambda j: (-j["job"]["priority"], j["submitted_at"] or 0.0, j["name"]))
+    for j in queued:
+        spec = parse_job(j["job"])
+        needs = spec.needs()
+        slots = cpu if spec.doc["gpus"]["count"] == 0 else gpu
+        try:
+            # A node where a lease already lapsed is the last resort, not excluded for good.
+            candidates = rank(needs, slots, excluded_nodes=blocked | set(j["tried"]),
+                              busy=busy, limit=1) or \
+                rank(needs, slots, excluded_nodes=blocked, busy=busy, limit=1)
+        except Unplaceable as exc:
+            out.waiting[j["name"]] = str(exc)
+            continue
+        if not candidates:
+            out.waiting[j["name"]] = "every eligible slot is leased or its node is " \
+                                     "cordoned, draining or quarantined"
+            continue
+        best = candidates[0]
+        node = best.nodes[0]
+        gpus = [s.gpu for s in best.slots]
+        busy.update((node, g) for g in gpus)
+        out.commands.append({"op": "acquire", "job": j["name"], "holder": node, "node": node,
+                             "gpus": gpus, "ttl": ttl, "start_timeout": start_timeout,
+                             "at": now})
+    return out
+
+
+def cpu_slots(node: str, count: int, zone: str = "") -> tuple[GpuSlot, ...]:
+    """A CPU-only trainer's slots (``cpu0``...): one CPU job each."""
+    return tuple(GpuSlot(node, f"cpu{i}", CPU, 0, 0, zone) for i in range(count))

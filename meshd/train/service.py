@@ -1,0 +1,159 @@
+"""The training scheduler and the trainer role on a node: the asyncio shell around
+:mod:`meshd.train.scheduler` (decisions), :mod:`meshd.train.board` (the replicated state)
+and :class:`meshd.train.leases.LeaseKeeper` (when a trainer must stop).
+
+* On the placements group's **leader**, every ``TICK`` it plans from its own copy of the
+  group and proposes the commands (reap lapsed leases, place queued jobs).
+* On a node with ``--role trainer`` it watches the group for leases held by this node and
+  runs each job (:class:`meshd.train.run.JobRun`) as a child process.
+
+Trainers advertise what they offer through gossip: their GPUs (the NVML adapter's telemetry
+in the node's signals) or, without GPUs, ``train_slots`` CPU slots (a node tag; default 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from consensus.group import ConsensusError
+from gossip.protocol import Swim
+from meshd.control import ControlPlane
+from meshd.train.placement import GpuSlot
+from meshd.train.run import JobRun
+from meshd.train.scheduler import Trainer, cpu_slots, plan
+
+log = logging.getLogger("meshd.train")
+
+TICK = 0.2
+"""Seconds between scheduler passes and trainer checks."""
+WRITE_TIMEOUT = 2.0
+SLOTS_TAG = "train_slots"
+"""Node tag: how many CPU jobs a trainer without GPUs runs at once (default 1)."""
+MIB = 1 << 20
+
+
+class TrainService:
+    """Scheduler (when leader of ``placements``) and trainer (with the role) on one node."""
+
+    def __init__(self, node: str, control: ControlPlane, swim: Callable[[], Swim | None],
+                 gpus_of: Callable[[str], list[Any]], *, trainer: bool, data_dir: Path) -> None:
+        self.node = node
+        self.control = control
+        self._swim = swim
+        self._gpus_of = gpus_of
+        self.trainer = trainer
+        self.data_dir = data_dir
+        self.runs: dict[str, JobRun] = {}
+        self.waiting: dict[str, str] = {}
+        """Job -> why the last scheduler pass did not place it (leader only)."""
+        self.proposed: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- what the mesh offers ---------------------------------------------------------------
+
+    def trainers(self) -> list[Trainer]:
+        """Live trainers and their slots, as this node sees them."""
+        swim = self._swim()
+        if swim is None:
+            return []
+        out = []
+        for m in swim.members():
+            if not m.live or "trainer" not in m.meta.roles:
+                continue
+            zone = m.meta.zone
+            gpus = self._gpus_of(m.name)
+            if gpus:
+                slots = tuple(GpuSlot(m.name, g.uuid, g.name, g.memory_total // MIB,
+                                      g.memory_free // MIB, zone,
+                                      inference_load=(g.sm_util or 0.0) / 100.0)
+                              for g in gpus)
+            else:
+                try:
+                    count = int(m.meta.tags_dict.get(SLOTS_TAG, "1"))
+                except ValueError:
+                    count = 1
+                slots = cpu_slots(m.name, max(0, min(count, 256)), zone)
+            flags = self.control.flags_of(m.name)
+            out.append(Trainer(m.name, slots, schedulable=not flags))
+        return out
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            try:
+                if self._leads():
+                    await self._schedule()
+                if self.trainer:
+                    self._supervise()
+            except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
+                log.exception("training pass failed", extra={"event": "train_error"})
+            await asyncio.sleep(TICK)
+
+    def _leads(self) -> bool:
+        grp = self.control.groups.get("placements")
+        return grp is not None and grp.status().state == "leader"
+
+    def jobs(self) -> list[dict[str, Any]]:
+        store = self.control.views["placements"].store
+        return [{**d.document.spec, "name": d.document.name} for d in store.list("TrainingJob")]
+
+    def placements(self) -> dict[str, dict[str, Any]]:
+        store = self.control.views["placements"].store
+        return {d.document.name: d.document.spec for d in store.list("TrainingPlacement")}
+
+    async def _schedule(self) -> None:
+        decided = plan(self.jobs(), self.placements(), self.trainers(), time.time())
+        self.waiting = decided.waiting
+        for cmd in decided.commands:
+            try:
+                result = await self.control.write("placements", cmd, WRITE_TIMEOUT,
+                                                  f"meshd/{self.node} (scheduler)")
+            except ConsensusError as exc:
+                log.info("scheduler write failed", extra={
+                    "event": "train_schedule_failed", "job": cmd["job"], "op": cmd["op"],
+                    "detail": str(exc)})
+                return
+            level = logging.INFO if result.get("ok") else logging.DEBUG
+            log.log(level, f"job {cmd['op']}", extra={
+                "event": f"job_{cmd['op']}", "job": cmd["job"], "node": cmd.get("node", ""),
+                "detail": result.get("message", ""), "ok": bool(result.get("ok"))})
+
+    def _supervise(self) -> None:
+        """Start a run for every lease this node holds that has none yet."""
+        jobs = {j["name"]: j for j in self.jobs()}
+        for name, p in self.placements().items():
+            lease = p.get("lease") or {}
+            j = jobs.get(name)
+            if lease.get("holder") != self.node or j is None:
+                continue
+            current = self.runs.get(name)
+            if current is not None and (current.token == j["token"] or not current.finished):
+                continue
+            run = JobRun(self, name, j, self.data_dir / "jobs" / name)
+            self.runs[name] = run
+            task = asyncio.create_task(run.run())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def write(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return await self.control.write("placements", {**cmd, "at": time.time()}, WRITE_TIMEOUT,
+                                        f"meshd/{self.node} (trainer)")
+
+    def draining(self) -> bool:
+        return "draining" in self.control.flags_of(self.node)
+
+    async def close(self) -> None:
+        """Stop every job this node runs (the leases lapse; the jobs move elsewhere)."""
+        for run in list(self.runs.values()):
+            run.kill("meshd is shutting down")
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
