@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from meshd.ctl_policy import _read_input
+from meshd.ctl_policy import read_file_arg
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
 
@@ -20,10 +20,8 @@ def _line(s: admin_pb2.JobStatus) -> str:
 
 
 def submit(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
-    try:
-        text = _read_input(args.file)
-    except OSError as exc:
-        print(f"meshctl: -f {args.file}: {exc.strerror}", file=sys.stderr)
+    text = read_file_arg(args.file)
+    if text is None:
         return 2
     stream = stub.SubmitJob(admin_pb2.SubmitJobRequest(
         spec=text, follow=args.follow, timeout_seconds=args.timeout),

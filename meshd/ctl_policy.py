@@ -63,18 +63,21 @@ def quarantine(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
     return _flag(stub, args, "Quarantine", reason=args.reason or "", clear=args.clear)
 
 
-def _read_input(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
+def read_file_arg(path: str) -> str | None:
+    """The text of ``-f PATH`` (``-`` = stdin); None, after saying why, if it cannot be read."""
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as exc:
+        print(f"meshctl: -f {path}: {exc.strerror}", file=sys.stderr)
+        return None
 
 
 def policy_set(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
-    try:
-        text = _read_input(args.file)
-    except OSError as exc:
-        print(f"meshctl: -f {args.file}: {exc.strerror}", file=sys.stderr)
+    text = read_file_arg(args.file)
+    if text is None:
         return 2
     req = admin_pb2.PolicyApplyRequest(text=text, timeout_seconds=args.timeout)
     if args.if_version is not None:

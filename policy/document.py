@@ -76,6 +76,17 @@ def _load(text: str, source: str) -> list[object]:
         raise PolicyError(source, f"invalid YAML: {type(exc).__name__}: {exc}") from None
 
 
+def load_values(text: object, source: str = "<input>") -> list[object]:
+    """The values of JSON or YAML ``text`` (one per YAML document), at most
+    ``MAX_INPUT_BYTES`` of it, unvalidated.  Raises only :class:`PolicyError`."""
+    if not isinstance(text, str):
+        raise PolicyError(source, f"must be text, got {show(text)}")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_INPUT_BYTES:
+        raise PolicyError(source, f"input is {size} bytes; the limit is {MAX_INPUT_BYTES}")
+    return _load(text, source)
+
+
 def parse_documents(text: str, source: str = "<input>") -> list[Document]:
     """Parse and validate every policy document in ``text``.
 
@@ -84,13 +95,8 @@ def parse_documents(text: str, source: str = "<input>") -> list[Document]:
     Duplicate (kind, name) pairs are rejected, since applying both would be ambiguous. An input
     with no documents returns ``[]``. Raises only :class:`PolicyError`.
     """
-    if not isinstance(text, str):
-        raise PolicyError(source, f"must be text, got {show(text)}")
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > MAX_INPUT_BYTES:
-        raise PolicyError(source, f"input is {size} bytes; the limit is {MAX_INPUT_BYTES}")
     raws: list[object] = []
-    for value in _load(text, source):
+    for value in load_values(text, source):
         raws.extend(value if isinstance(value, list) else [value])
     if len(raws) > MAX_DOCUMENTS:
         raise PolicyError(source, f"holds {len(raws)} documents; the limit is {MAX_DOCUMENTS}")

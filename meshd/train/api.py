@@ -12,23 +12,22 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 
 from meshd.control import ControlPlane
 from meshd.policy_api import _caller, _timeout, commit
+from meshd.train.board import FINAL
 from meshd.train.placement import Unplaceable, rank
-from meshd.train.scheduler import CPU
+from meshd.train.scheduler import split_slots
 from meshd.train.service import TrainService
-from meshd.train.spec import parse_job
-from policy.document import _load
+from meshd.train.spec import JobSpec, parse_job
+from policy.document import load_values
 from policy.errors import PolicyError
 from policy.model import JOB_STATES, name_check
 from policy.records import StoredDoc
 from proto.mesh.v1 import admin_pb2
 
-FINAL = ("done", "failed", "cancelled")
 FOLLOW_WAIT = 1.0
 _ID = name_check()
 
@@ -57,7 +56,7 @@ class JobsAdmin:
     async def SubmitJob(self, request: admin_pb2.SubmitJobRequest,  # noqa: N802 - gRPC name
                         context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.JobStatus]:
         try:
-            raws = _load(request.spec, "spec")
+            raws = load_values(request.spec, "spec")
             if len(raws) != 1:
                 raise PolicyError("spec", f"must hold exactly one job, got {len(raws)}")
             spec = parse_job(raws[0])
@@ -66,7 +65,7 @@ class JobsAdmin:
             raise AssertionError("unreachable") from None
         timeout = await _timeout(request.timeout_seconds, context)
         if self.train is not None:
-            why = _never_fits(spec.doc, self.train)
+            why = _never_fits(spec, self.train)
             if why:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         result = await commit(self.control, context, "placements", {
@@ -124,16 +123,13 @@ class JobsAdmin:
         return stored
 
 
-def _never_fits(doc: dict[str, Any], train: TrainService) -> str:
+def _never_fits(spec: JobSpec, train: TrainService) -> str:
     """Why no trainer the mesh has could ever run the job ("" if one could)."""
     trainers = train.trainers()
     if not trainers:
         return "no trainer in the mesh (start meshd --role trainer)"
-    spec = parse_job(doc)
-    cpu = doc["gpus"]["count"] == 0
-    slots = [s for t in trainers for s in t.slots if (s.gpu_type == CPU) == cpu]
     try:
-        rank(spec.needs(), slots, limit=1)
+        rank(spec.needs(), split_slots(trainers)[spec.cpu_only], limit=1)
     except Unplaceable as exc:
         return f"gpus.count: {exc}"
     return ""

@@ -70,10 +70,11 @@ class PlacementStore(PolicyStore):
         if not isinstance(command, dict):
             return super().apply(command)
         op = command.get("op")
-        if op in ("put", "patch", "delete") and _kind_of(command) in JOB_KINDS:
+        kind = _kind_of(command)
+        if op in ("put", "patch", "delete") and kind in JOB_KINDS:
             return {"ok": False, "error": "invalid", "field": "kind",
-                    "message": f"{_kind_of(command)} documents are written by the training "
-                               "scheduler (meshctl jobs), not by policy commands"}
+                    "message": f"{kind} documents are written by the training scheduler "
+                               "(meshctl jobs), not by policy commands"}
         if op not in JOB_OPS:
             return super().apply(command)
         try:
@@ -215,12 +216,7 @@ class PlacementStore(PolicyStore):
                                 at, author))
 
     def _store(self, doc: Document, at: float, author: str) -> int:
-        current = self.get(doc.kind, doc.name)
-        version = self.version + 1
-        stored = StoredDoc(doc, version, current.created_version if current else version,
-                           at, author)
-        self._commit(Change(version, "put", doc.kind, doc.name, stored, at, author))
-        return version
+        return int(self._write(doc, {"if_version": None, "at": at, "author": author})["version"])
 
     # --- snapshots --------------------------------------------------------------------------
 

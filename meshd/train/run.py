@@ -57,7 +57,9 @@ class JobRun:
         self.cancel = False
         self.finished = False
         self.outcome = ""
-        self._renewing = False
+        self.refused = ""
+        """Why the table refused the first renewal (the lease was never ours to run)."""
+        self._renewal: asyncio.Task[None] | None = None
         self._next_try = 0.0
         self._reader: asyncio.Task[None] | None = None
 
@@ -76,6 +78,8 @@ class JobRun:
         while True:
             now = time.monotonic()
             k = self.keeper
+            if self.refused:
+                return f"refused: {self.refused}"
             if k is not None and k.fenced:
                 self.kill("lease fenced")
                 return "fenced"
@@ -83,9 +87,8 @@ class JobRun:
                 self.kill("lease deadline passed without a granted renewal")
                 return "cut off"
             due = k.renew_at(now) if k is not None else self._next_try
-            if now >= due and not self._renewing:
-                self._renewing = True
-                asyncio.create_task(self._renew(now))
+            if now >= due and (self._renewal is None or self._renewal.done()):
+                self._renewal = asyncio.create_task(self._renew(now))
             if self.proc is None and k is not None and k.may_run(now) and not self.cancel:
                 await self._start()
             if self.cancel:
@@ -135,8 +138,6 @@ class JobRun:
             log.info("lease renewal failed", extra={"event": "lease_renew_failed",
                                                     "job": self.name, "detail": str(exc)})
             return
-        finally:
-            self._renewing = False
         if result.get("ok"):
             if self.keeper is None:
                 self.keeper = LeaseKeeper(self.token, float(result["ttl"]))
@@ -145,8 +146,9 @@ class JobRun:
         else:
             error = str(result.get("error"))
             if self.keeper is None:
-                self.keeper = LeaseKeeper(self.token, 2.0)
-            self.keeper.refused(error)
+                self.refused = error
+            else:
+                self.keeper.refused(error)
             if error not in ("fenced", "expired"):
                 self._next_try = time.monotonic() + RETRY
             log.warning("lease renewal refused", extra={

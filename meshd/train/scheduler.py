@@ -10,7 +10,7 @@ is the judge: a command built on a stale view is refused there (``live``, ``busy
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from meshd.train.placement import GpuSlot, Unplaceable, rank
@@ -37,18 +37,19 @@ class Trainer:
     """False when cordoned, draining or quarantined."""
 
 
-@dataclass
-class Plan:
-    """What one tick decided."""
-
-    commands: list[dict[str, Any]] = field(default_factory=list)
-    waiting: dict[str, str] = field(default_factory=dict)
-    """Job -> why it was not placed this tick."""
+def split_slots(trainers: Iterable[Trainer]) -> dict[bool, list[GpuSlot]]:
+    """The trainers' slots by kind: ``[True]`` CPU slots, the only ones a job asking for 0
+    GPUs may take (:attr:`JobSpec.cpu_only`); ``[False]`` GPUs, for every other job."""
+    out: dict[bool, list[GpuSlot]] = {True: [], False: []}
+    for t in trainers:
+        for s in t.slots:
+            out[s.gpu_type == CPU].append(s)
+    return out
 
 
 def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
          trainers: Collection[Trainer], now: float, *, ttl: float = TTL,
-         start_timeout: float = START_TIMEOUT) -> Plan:
+         start_timeout: float = START_TIMEOUT) -> list[dict[str, Any]]:
     """Commands for this tick.
 
     ``jobs``: TrainingJob specs with ``name`` added; ``placements``: TrainingPlacement specs by
@@ -56,7 +57,7 @@ def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
     tick.  Queued jobs go by priority, then age; each takes the best candidate not already
     taken this tick.
     """
-    out = Plan()
+    out: list[dict[str, Any]] = []
     jobs = list(jobs)
     by_name = {j["name"]: j for j in jobs}
     busy = {(p["node"], g) for p in placements.values() for g in p["gpus"]}
@@ -65,35 +66,30 @@ def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
         expires = float((p.get("lease") or {}).get("expires_unix", 0.0))
         if j is not None and j["state"] in ("placed", "running") and \
                 expires + EXPIRE_GRACE < now:
-            out.commands.append({"op": "expire", "job": name, "token": j["token"], "at": now})
+            out.append({"op": "expire", "job": name, "token": j["token"], "at": now})
     blocked = {t.node for t in trainers if not t.schedulable}
-    cpu = [s for t in trainers for s in t.slots if s.gpu_type == CPU]
-    gpu = [s for t in trainers for s in t.slots if s.gpu_type != CPU]
+    offered = split_slots(trainers)
     queued = sorted((j for j in jobs if j["state"] == "queued" and not j["cancel"]),
                     key=lambda j: (-j["job"]["priority"], j["submitted_at"] or 0.0, j["name"]))
     for j in queued:
         spec = parse_job(j["job"])
         needs = spec.needs()
-        slots = cpu if spec.doc["gpus"]["count"] == 0 else gpu
+        slots = offered[spec.cpu_only]
         try:
             # A node where a lease already lapsed is the last resort, not excluded for good.
             candidates = rank(needs, slots, excluded_nodes=blocked | set(j["tried"]),
                               busy=busy, limit=1) or \
                 rank(needs, slots, excluded_nodes=blocked, busy=busy, limit=1)
-        except Unplaceable as exc:
-            out.waiting[j["name"]] = str(exc)
+        except Unplaceable:  # the trainer that could hold it left; it waits for one
             continue
-        if not candidates:
-            out.waiting[j["name"]] = "every eligible slot is leased or its node is " \
-                                     "cordoned, draining or quarantined"
+        if not candidates:  # every eligible slot is leased, or its node is not schedulable
             continue
         best = candidates[0]
         node = best.nodes[0]
         gpus = [s.gpu for s in best.slots]
         busy.update((node, g) for g in gpus)
-        out.commands.append({"op": "acquire", "job": j["name"], "holder": node, "node": node,
-                             "gpus": gpus, "ttl": ttl, "start_timeout": start_timeout,
-                             "at": now})
+        out.append({"op": "acquire", "job": j["name"], "holder": node, "node": node,
+                    "gpus": gpus, "ttl": ttl, "start_timeout": start_timeout, "at": now})
     return out
 
 

@@ -50,9 +50,6 @@ class TrainService:
         self.trainer = trainer
         self.data_dir = data_dir
         self.runs: dict[str, JobRun] = {}
-        self.waiting: dict[str, str] = {}
-        """Job -> why the last scheduler pass did not place it (leader only)."""
-        self.proposed: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- what the mesh offers ---------------------------------------------------------------
@@ -109,9 +106,7 @@ class TrainService:
         return {d.document.name: d.document.spec for d in store.list("TrainingPlacement")}
 
     async def _schedule(self) -> None:
-        decided = plan(self.jobs(), self.placements(), self.trainers(), time.time())
-        self.waiting = decided.waiting
-        for cmd in decided.commands:
+        for cmd in plan(self.jobs(), self.placements(), self.trainers(), time.time()):
             try:
                 result = await self.control.write("placements", cmd, WRITE_TIMEOUT,
                                                   f"meshd/{self.node} (scheduler)")

@@ -131,6 +131,11 @@ class JobSpec:
             return self.doc["data_bytes"] / BYTES_PER_SECOND
         return DEFAULT_WORK_SECONDS
 
+    @property
+    def cpu_only(self) -> bool:
+        """A job asking for 0 GPUs: it runs in a CPU slot (and only there)."""
+        return bool(self.doc["gpus"]["count"] == 0)
+
     def needs(self) -> Needs:
         g = self.doc["gpus"]
         return Needs(gpus=max(1, g["count"]), work_s=self.work_seconds(),
