@@ -46,7 +46,7 @@ def estimate_pb(est: Estimate) -> admin_pb2.RttEstimate:
 
 
 READ_ONLY = ("Members", "Rtt", "Whoami", "KeysList", "PolicyGet", "PolicyList", "RaftStatus",
-             "SubscribeEvents", "State", "GetJob", "ListJobs")
+             "SubscribeEvents", "State", "GetJob", "ListJobs", "JobLogs")
 STATE_REPORTS = ("ReportModelState", "ReportGpuState", "ReportCommStats")
 """StatePlane feeds: runtimes' exporters run as operators or with a node certificate."""
 OPERATIONAL: tuple[str, ...] = ("Cordon", "Uncordon", "Drain", "Quarantine", "PolicyApply",

@@ -306,6 +306,9 @@ def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "offline", False):
         return int(args.func(args))
+    when = getattr(args, "offline_if", None)  # (option, function): offline when it is given
+    if when is not None and getattr(args, when[0]):
+        return int(when[1](args))
     creds = Path(os.path.expanduser(args.creds))
     try:
         ident = Identity.load(creds)
@@ -324,9 +327,16 @@ def _run(argv: list[str] | None) -> int:
             return 2
     server = (f"{args.server_name.lower()}.node.{ident.spiffe_id.trust_domain}"
               if args.server_name else "")
-    with tls.grpc_channel(args.admin, ident, server_name=server) as channel:
-        if metadata:
-            channel = grpc.intercept_channel(channel, _Metadata(metadata))
+
+    def open_channel(target: str, node: str = "") -> grpc.Channel:
+        """A channel like the main one, to ``target``; with ``node``, only that node's
+        certificate is accepted."""
+        name = f"{node.lower()}.node.{ident.spiffe_id.trust_domain}" if node else server
+        channel = tls.grpc_channel(target, ident, server_name=name)
+        return grpc.intercept_channel(channel, _Metadata(metadata)) if metadata else channel
+
+    args.open_channel = open_channel  # for commands that talk to a second node (jobs logs)
+    with open_channel(args.admin) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)
         args.channel = channel  # for commands of other services (e.g. state)
         try:

@@ -64,7 +64,37 @@ def cancel(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
     return 0
 
 
-def logs(args: argparse.Namespace) -> int:
+def logs(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
+    """An attempt's output, from the node that ran it (found through the job's record and
+    the member list); with ``--data-dir``, every attempt's log in that directory."""
+    s = stub.GetJob(admin_pb2.JobRequest(id=args.id), timeout=args.timeout + 1)
+    ran_on = json.loads(s.document_json)["spec"]["ran_on"]
+    attempt = args.attempt or s.attempt
+    index = attempt - (s.attempt - len(ran_on)) - 1
+    if not 0 <= index < len(ran_on) or attempt > s.attempt:
+        print(f"meshctl: job {args.id!r} has no attempt {attempt} on record (attempts: "
+              f"{s.attempt})", file=sys.stderr)
+        return 1
+    node = ran_on[index]
+    members = stub.Members(admin_pb2.MembersRequest(), timeout=args.timeout + 1).members
+    member = next((m for m in members if m.name == node), None)
+    if member is None or "admin" not in member.ports:
+        print(f"meshctl: attempt {attempt} of {args.id!r} ran on {node}, which is not a "
+              "member now (or has no admin port); its log stays in that node's --data-dir",
+              file=sys.stderr)
+        return 1
+    host = member.address.rsplit(":", 1)[0]
+    target = f"{host}:{member.ports['admin']}"
+    with args.open_channel(target, node) as channel:
+        resp = admin_pb2_grpc.AdminStub(channel).JobLogs(admin_pb2.JobLogsRequest(
+            id=args.id, attempt=attempt, tail_bytes=args.tail), timeout=args.timeout + 1)
+    cut = f", the last {len(resp.data)} bytes" if resp.truncated else ""
+    print(f"==> attempt-{resp.attempt}.log on {resp.node}{cut} <==", file=sys.stderr)
+    sys.stdout.write(resp.data.decode(errors="replace"))
+    return 0
+
+
+def local_logs(args: argparse.Namespace) -> int:
     """The job's output on this machine (the trainer keeps it in its data directory)."""
     directory = Path(args.data_dir) / "jobs" / args.id
     files = sorted(directory.glob("attempt-*.log"),
@@ -98,7 +128,11 @@ def add_commands(sub: Any) -> None:
     c = jsub.add_parser("cancel", help="cancel a job (a running one is stopped by its trainer)")
     c.add_argument("id")
     c.set_defaults(func=cancel)
-    lg = jsub.add_parser("logs", help="a job's output, read on the trainer that ran it")
+    lg = jsub.add_parser("logs", help="a job's output, from the trainer that ran it")
     lg.add_argument("id")
-    lg.add_argument("--data-dir", required=True, help="that trainer's --data-dir")
-    lg.set_defaults(func=logs, offline=True)
+    lg.add_argument("--attempt", type=int, default=0, help="which attempt (default: latest)")
+    lg.add_argument("--tail", type=int, default=0,
+                    help="bytes from the end (default 64 KiB, at most 4 MiB)")
+    lg.add_argument("--data-dir", help="read every attempt's log from this trainer "
+                                       "--data-dir instead (offline, on that machine)")
+    lg.set_defaults(func=logs, offline_if=("data_dir", local_logs))

@@ -48,6 +48,8 @@ TenantQuota (policy; name = tenant) — admission limits for one tenant:
         depth; ignored while requests_per_second is null.
     concurrency (int >= 1 | null, default null = unlimited): requests in flight at once.
     priority (int 0..9, default 5): higher is more important when capacity is short.
+    training_gpus (int >= 0 | null, default null = unlimited): GPUs (CPU slots for CPU jobs)
+        the tenant's training jobs may hold at once; more wait queued.
 
 SloClass (policy; name = class) — latency objective a request names:
     deadline_ms (number in (0, 3600000], required): end-to-end deadline in milliseconds.
@@ -102,6 +104,7 @@ by the scheduler's commands (``meshctl jobs``), never by ``policy apply``:
     attempt (int >= 0): leases granted so far; node, gpus, token: the current (or last) one.
     progress, step, loss, checkpoint, message: what the trainer last reported.
     tried ([node]): nodes whose lease lapsed, skipped by later placements.
+    ran_on ([node]): the node of each attempt, in order (where its log is).
     cancel (bool): cancellation asked while a trainer holds the job.
     submitted_at, started_at, ended_at (unix seconds | null).
 """
@@ -180,6 +183,8 @@ SPECS: Mapping[str, Object] = {
         "burst": Field(Integer(ge=1, nullable=True), None, "token-bucket depth"),
         "concurrency": Field(Integer(ge=1, nullable=True), None, "in flight; null = unlimited"),
         "priority": Field(Integer(ge=0, le=9), 5, "higher is more important"),
+        "training_gpus": Field(Integer(ge=0, nullable=True), None,
+                               "GPUs/slots its training jobs hold at once; null = unlimited"),
     }),
     "SloClass": Object({
         "deadline_ms": required(Number(gt=0, le=3_600_000), "end-to-end deadline (ms)"),
@@ -232,6 +237,8 @@ SPECS: Mapping[str, Object] = {
         "checkpoint": Field(Text(0, 1024), "", "latest checkpoint the trainer reported"),
         "message": Field(Text(0, 1024), "", "last event, in words"),
         "tried": Field(ListOf(Text(1, 256), unique=False), [], "nodes whose lease lapsed"),
+        "ran_on": Field(ListOf(Text(1, 256), unique=False), [],
+                        "the node of each attempt, in order (the last MAX_LIST)"),
         "cancel": Field(Boolean(), False, "cancellation asked while held"),
         "submitted_at": Field(Number(ge=0, nullable=True), None, "unix seconds"),
         "started_at": Field(Number(ge=0, nullable=True), None, "first progress (unix s)"),

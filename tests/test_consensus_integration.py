@@ -768,9 +768,10 @@ class NetnsAdmin:
         resp = json.loads(line)
         if "error" in resp:
             raise RpcFailed(resp["error"], resp["details"])
-        out = _admin_type(method, "output_type")()
-        out.ParseFromString(base64.b64decode(resp["response"]))
-        return out
+        if "stream" in resp:  # a server-streaming call, read to its end by the helper
+            return [_admin_type(method, "output_type").FromString(base64.b64decode(m))
+                    for m in resp["stream"]]
+        return _admin_type(method, "output_type").FromString(base64.b64decode(resp["response"]))
 
     def members(self, target: str, timeout: float, status: Any = (),
                 role: Any = ()) -> list[dict[str, Any]]:
@@ -803,7 +804,15 @@ def rpc_serve(creds: str) -> int:
             request = _admin_type(req["method"], "input_type")()
             request.ParseFromString(base64.b64decode(req["request"]))
             resp = client._call(req["target"], req["method"], request, req["timeout"])
-            out = {"response": base64.b64encode(resp.SerializeToString()).decode()}
+            if admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods_by_name[
+                    req["method"]].server_streaming:
+                try:
+                    out = {"stream": [base64.b64encode(m.SerializeToString()).decode()
+                                      for m in resp]}
+                except Exception as exc:  # grpc.RpcError, raised while reading the stream
+                    raise RpcFailed(exc.code().name, exc.details()) from None  # type: ignore[attr-defined]
+            else:
+                out = {"response": base64.b64encode(resp.SerializeToString()).decode()}
         except RpcFailed as exc:
             out = {"error": exc.code, "details": exc.details}
         except Exception as exc:  # noqa: BLE001 - reported to the test process

@@ -59,8 +59,18 @@ def job(mesh: Mesh, node: Node, jid: str) -> admin_pb2.JobStatus:
 
 def wait_job(mesh: Mesh, node: Node, jid: str, pred: Callable[[admin_pb2.JobStatus], bool],
              timeout: float, what: str) -> admin_pb2.JobStatus:
-    return mesh.c.wait_for(lambda: (lambda s: s if pred(s) else None)(job(mesh, node, jid)),
-                           timeout, what, interval=0.1)
+    """The job's status once ``pred`` holds, read from ``node``'s copy (which may not have
+    the job yet: a restarted coordinator is still catching up)."""
+    def check() -> admin_pb2.JobStatus | None:
+        try:
+            s = job(mesh, node, jid)
+        except RpcFailed as exc:
+            if exc.code in ("NOT_FOUND", "UNAVAILABLE"):
+                return None
+            raise
+        return s if pred(s) else None
+
+    return mesh.c.wait_for(check, timeout, what, interval=0.1)
 
 
 def _running_in(workdir: Path) -> list[int]:
@@ -82,7 +92,9 @@ def wait_trainers(mesh: Mesh) -> None:
 
 
 def test_jobs_run_resume_after_a_trainer_dies_and_cancel(meshes: Callable[..., Mesh],  # noqa: F811
-                                                          tmp_path: Any) -> None:
+                                                          tmp_path: Any,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
     mesh = _mesh(meshes)
     wait_trainers(mesh)
     plain = mesh.c.node("n4")
@@ -96,6 +108,18 @@ def test_jobs_run_resume_after_a_trainer_dies_and_cancel(meshes: Callable[..., M
         submit(mesh, mesh.c.seed, json.dumps({"id": "y", "model": "m", "command": ["a"],
                                               "gpus": {"count": 2}}))
     assert huge.value.code == "FAILED_PRECONDITION" and "gpus.count" in huge.value.details
+    # A tenant whose quota could never hold the job is told so, naming the quota.
+    from tests.test_consensus_integration import apply, get
+
+    apply(mesh.c, mesh.c.seed, json.dumps({"kind": "TenantQuota", "name": "capped",
+                                           "spec": {"training_gpus": 0}}))
+    mesh.c.wait_for(lambda: get(mesh.c, mesh.c.seed, "capped", consistent=False), 5,
+                    "the quota in the seed's copy")
+    with pytest.raises(RpcFailed) as quota:
+        submit(mesh, mesh.c.seed, json.dumps({**json.loads(spec("q", tmp_path)),
+                                              "tenant": "capped"}))
+    assert quota.value.code == "FAILED_PRECONDITION" and "training_gpus" in \
+        quota.value.details, quota.value
 
     # A short job runs to the end.
     t0 = time.monotonic()
@@ -109,6 +133,19 @@ def test_jobs_run_resume_after_a_trainer_dies_and_cancel(meshes: Callable[..., M
     assert done.progress == 1.0 and done.step == 40 and done.HasField("loss")
     assert done.loss < 0.69 and done.checkpoint.endswith("step-00000040.npz")
     print(f"\nsubmit -> running: {to_running:.2f}s on {running.node}")
+
+    # Its log, fetched by meshctl from the trainer that ran it; other nodes say where it is.
+    from meshd import ctl
+
+    capsys.readouterr()
+    assert ctl.main(["--admin", mesh.c.seed.admin, "--creds", str(mesh.c.admin_creds),
+                     "jobs", "logs", "short"]) == 0
+    out = capsys.readouterr()
+    assert '"step": 40' in out.out and f"attempt-1.log on {done.node}" in out.err, out
+    with pytest.raises(RpcFailed) as elsewhere:
+        call(mesh.c, mesh.c.seed, "JobLogs", admin_pb2.JobLogsRequest(id="short"), 5)
+    assert elsewhere.value.code == "NOT_FOUND" and f"{done.node} (attempt 1)" in \
+        elsewhere.value.details, elsewhere.value
 
     # A long job: kill its trainer mid-way; it resumes elsewhere from its checkpoint.
     submit(mesh, plain, spec("long", tmp_path, steps=400, step_seconds=0.03,
@@ -143,3 +180,104 @@ def test_jobs_run_resume_after_a_trainer_dies_and_cancel(meshes: Callable[..., M
     wait_job(mesh, observer, "stop", lambda s: s.state == "running", 20, "stop running")
     call(mesh.c, observer, "CancelJob", admin_pb2.JobRequest(id="stop"), 5)
     wait_job(mesh, observer, "stop", lambda s: s.state == "cancelled", 15, "stop cancelled")
+
+
+def canary(jid: str, tmp: Any, seconds: float) -> str:
+    """A job that records each of its runs (:mod:`meshd.train.canary`) under ``tmp/jid``."""
+    return json.dumps({"id": jid, "model": "canary", "entry": "meshd.train.canary:main",
+                       "checkpoints": str(tmp / jid), "hyperparameters": {"seconds": seconds},
+                       "gpus": {"count": 0}})
+
+
+def placements_leader(mesh: Mesh) -> Node:
+    from tests.test_consensus_integration import group_leaders, raft_status
+
+    def find() -> Node | None:
+        try:
+            ld = group_leaders(raft_status(mesh.c, mesh.c.seed, 3.0)).get("placements")
+        except RpcFailed:
+            return None
+        return mesh.c.node(ld.node) if ld is not None else None
+
+    found = mesh.c.wait_for(find, 20, "a placements leader")
+    assert found is not None
+    return found
+
+
+def test_leader_killed_mid_placement_frozen_trainer_and_drain(
+        meshes: Callable[..., Mesh], tmp_path: Any) -> None:  # noqa: F811
+    from meshd.train.canary import audit, runs
+
+    mesh = _mesh(meshes)
+    wait_trainers(mesh)
+    n4 = mesh.c.node("n4")
+
+    # The placements leader dies while it places two jobs: each still runs exactly once.
+    leader = placements_leader(mesh)
+    for jid in ("p1", "p2"):
+        submit(mesh, n4, canary(jid, tmp_path, 2.0))
+    leader.kill()
+    for jid in ("p1", "p2"):
+        done = wait_job(mesh, n4, jid, lambda s: s.state == "done", 40, f"{jid} done")
+        assert done.attempt == 1, done
+        assert len(runs(tmp_path / jid)) == 1, runs(tmp_path / jid)
+    leader.start()
+
+    # A frozen trainer cannot stop its job: the watchdog does, before the lease lapses and
+    # the job starts on the other trainer.
+    submit(mesh, n4, canary("frozen", tmp_path, 60.0))
+    s = wait_job(mesh, n4, "frozen", lambda s: s.state == "running", 20, "frozen running")
+    victim = mesh.c.node(s.node)
+    time.sleep(1.0)
+    t_stop = time.time()
+    victim.stop()
+    try:
+        moved = wait_job(mesh, n4 if victim is not n4 else mesh.c.seed, "frozen",
+                         lambda s: s.state == "running" and s.node != victim.name, TTL + 20,
+                         "frozen job running on the other trainer")
+        assert moved.attempt == 2
+        mesh.c.wait_for(lambda: len(runs(tmp_path / "frozen")) == 2, 5, "the second run")
+        first, second = sorted(runs(tmp_path / "frozen"), key=lambda r: r.start)
+        assert first.node == victim.name and second.node == moved.node
+        assert first.end < second.start, (first, second)
+        assert first.end - t_stop < TTL, f"the frozen trainer's job ran {first.end - t_stop:.2f}s"
+        print(f"\nfrozen {victim.name}: its job stopped {first.end - t_stop:.2f}s after the "
+              f"freeze, the copy on {second.node} started {second.start - first.end:.2f}s later")
+    finally:
+        victim.cont()
+    time.sleep(2.0)  # the thawed trainer must not start anything of its old lease
+    assert audit(runs(tmp_path)) == []
+    assert len(runs(tmp_path / "frozen")) == 2
+    call(mesh.c, n4, "CancelJob", admin_pb2.JobRequest(id="frozen"), 5)
+    wait_job(mesh, n4, "frozen", lambda s: s.state == "cancelled", 20, "frozen cancelled")
+
+    # Drain with on_drain: migrate - SIGTERM, a checkpoint at the step it was at, resumed on
+    # the other trainer from that step.
+    mig = json.loads(spec("mig", tmp_path, steps=600, step_seconds=0.03, checkpoint_every=200))
+    submit(mesh, n4, json.dumps({**mig, "on_drain": "migrate"}))
+    s = wait_job(mesh, n4, "mig", lambda s: s.state == "running" and s.step >= 20, 30,
+                 "mig running")
+    drained = mesh.c.node(s.node)
+    call(mesh.c, n4, "Drain", admin_pb2.NodeFlagRequest(node=drained.name), 5)
+    moved = wait_job(mesh, n4, "mig", lambda s: s.state == "running" and s.node != drained.name,
+                     30, "mig running on the other trainer")
+    assert moved.attempt == 2 and list(moved.tried) == []  # handed back, not lapsed
+    before = (drained.data_dir / "jobs" / "mig" / "attempt-1.log").read_text()
+    assert "stopped at step" in before, before[-400:]
+    after = (mesh.c.node(moved.node).data_dir / "jobs" / "mig" / "attempt-2.log")
+    mesh.c.wait_for(lambda: after.exists() and "resumed from step" in after.read_text(), 10,
+                    "mig resumed")
+    resumed = json.loads(after.read_text().splitlines()[0])["step"]
+    assert resumed >= 20 and resumed % 200 != 0, resumed  # the SIGTERM checkpoint, not a boundary
+    call(mesh.c, n4, "Uncordon", admin_pb2.NodeFlagRequest(node=drained.name), 5)
+
+    # Drain with on_drain: finish (the default) - the job runs to its end where it is.
+    other = mesh.c.node(moved.node)
+    submit(mesh, n4, spec("fin", tmp_path, steps=100, step_seconds=0.03))
+    s = wait_job(mesh, n4, "fin", lambda s: s.state == "running", 20, "fin running")
+    assert s.node == drained.name  # the only free slot
+    call(mesh.c, n4, "Drain", admin_pb2.NodeFlagRequest(node=drained.name), 5)
+    done = wait_job(mesh, n4, "fin", lambda s: s.state == "done", 30, "fin done")
+    assert done.attempt == 1 and done.node == drained.name
+    call(mesh.c, n4, "CancelJob", admin_pb2.JobRequest(id="mig"), 5)
+    assert other.running

@@ -1,5 +1,5 @@
 """Admin RPCs for training jobs (``meshctl jobs``): submit (with streamed progress), get,
-list and cancel.  A mixin of :class:`meshd.admin.AdminService`.
+list, cancel, and the logs this node keeps.  A mixin of :class:`meshd.admin.AdminService`.
 
 A spec is validated here before anything reaches Raft, so a bad one is INVALID_ARGUMENT
 naming the field (``gpus.count: ...``); a job no trainer in the mesh could ever hold (more
@@ -18,8 +18,9 @@ import grpc
 from meshd.control import ControlPlane
 from meshd.policy_api import _caller, _timeout, commit
 from meshd.train.board import FINAL
+from meshd.train.logs import MAX_TAIL, read_tail
 from meshd.train.placement import Unplaceable, rank
-from meshd.train.scheduler import split_slots
+from meshd.train.scheduler import slots_wanted, split_slots
 from meshd.train.service import TrainService
 from meshd.train.spec import JobSpec, parse_job
 from policy.document import load_values
@@ -111,6 +112,34 @@ class JobsAdmin:
         assert stored is not None
         return job_status(stored, int(result.get("version", 0)))
 
+    async def JobLogs(self, request: admin_pb2.JobLogsRequest,  # noqa: N802
+                      context: grpc.aio.ServicerContext) -> admin_pb2.JobLogsResponse:
+        try:
+            _ID(request.id, "id")
+        except PolicyError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if request.tail_bytes > MAX_TAIL:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"tail_bytes: at most {MAX_TAIL}, got {request.tail_bytes}")
+        node = self.control.node
+        found = None
+        if self.train is not None:
+            args = (request.attempt,) + ((request.tail_bytes,) if request.tail_bytes else ())
+            found = read_tail(self.train.data_dir / "jobs" / request.id, *args)
+        if found is None:
+            stored = self._view_job(request.id)
+            ran = ""
+            if stored is not None and stored.document.spec["ran_on"]:
+                ran = "; its attempts ran on " + ", ".join(
+                    f"{n} (attempt {stored.document.spec['attempt'] - k})" for k, n in
+                    enumerate(reversed(stored.document.spec["ran_on"])))
+            which = f"attempt {request.attempt} of " if request.attempt else ""
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"id: no log of {which}job {request.id!r} on {node}{ran}")
+        assert found is not None
+        return admin_pb2.JobLogsResponse(node=node, attempt=found.attempt, data=found.data,
+                                         truncated=found.truncated, attempts=found.attempts)
+
     async def _existing(self, name: str, context: grpc.aio.ServicerContext) -> StoredDoc:
         try:
             _ID(name, "id")
@@ -132,4 +161,9 @@ def _never_fits(spec: JobSpec, train: TrainService) -> str:
         rank(spec.needs(), split_slots(trainers)[spec.cpu_only], limit=1)
     except Unplaceable as exc:
         return f"gpus.count: {exc}"
+    tenant = spec.doc["tenant"]
+    limit = train.quotas().get(tenant)
+    if limit is not None and slots_wanted(spec.doc) > limit:
+        return (f"gpus.count: tenant {tenant!r} may hold {limit} GPU(s) for training at once "
+                f"(TenantQuota training_gpus); the job needs {slots_wanted(spec.doc)}")
     return ""

@@ -34,7 +34,7 @@ from typing import Any
 from meshd.train.leases import LeaseTable
 from meshd.train.spec import parse_job
 from policy.errors import PolicyError
-from policy.fields import Integer, Number, Text
+from policy.fields import MAX_LIST, Integer, Number, Text
 from policy.model import Document, copy_plain, validate
 from policy.store import Change, PolicyStore, StoredDoc
 
@@ -143,6 +143,7 @@ class PlacementStore(PolicyStore):
             changes: dict[str, Any] = {
                 "state": "placed", "attempt": spec["attempt"] + 1, "node": lease.node,
                 "gpus": list(lease.gpus), "token": lease.token, "tried": tried,
+                "ran_on": [*spec["ran_on"], lease.node][-MAX_LIST:],
                 "message": f"placed on {lease.node} (attempt {spec['attempt'] + 1})"}
             self._put_placement(name, lease.node, list(lease.gpus), "pending", lease.holder,
                                 lease.expires_at, 0.0, at, author)

@@ -4,7 +4,10 @@ The rule that keeps two copies of a job off one GPU lives in :class:`LeaseKeeper
 starts only after the first renewal is granted and is killed (SIGKILL, its whole process
 group) the moment the keeper's deadline passes without a newer grant - before the lease
 can lapse in the placements group and the job be placed elsewhere.  A trainer cut off from
-every coordinator therefore stops its job by itself.
+every coordinator therefore stops its job by itself, and the child's watchdog
+(:mod:`meshd.train.watchdog`), told every new deadline, stops it even if the trainer is
+frozen.  Handing a job back (cancel, drain-migrate) is graceful: SIGTERM, ``STOP_GRACE``
+seconds to checkpoint and exit, then SIGKILL; the lease is renewed until the child is gone.
 
 The child's stdout is read line by line: a JSON object with ``step``, ``loss``, ``progress``,
 ``checkpoint`` or ``message`` is progress (sent with the next renewal); every line also goes
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from consensus.group import ConsensusError
 from meshd.train.leases import LeaseKeeper
+from meshd.train.logs import log_path
 
 if TYPE_CHECKING:
     from meshd.train.service import TrainService
@@ -37,6 +41,8 @@ POLL = 0.05
 """Seconds between deadline checks: how late past its deadline a job can be killed."""
 RETRY = 0.5
 """Seconds between renewal attempts that failed for want of a quorum or leader."""
+STOP_GRACE = 10.0
+"""Seconds a job handed back (cancel, drain-migrate) gets between SIGTERM and SIGKILL."""
 
 
 class JobRun:
@@ -57,6 +63,10 @@ class JobRun:
         self.cancel = False
         self.finished = False
         self.outcome = ""
+        self.leaving: tuple[str, str] | None = None
+        """(outcome, message) to release with once the gracefully stopped child exits."""
+        self._told = -math.inf
+        """The last deadline written to the watchdog."""
         self.refused = ""
         """Why the table refused the first renewal (the lease was never ours to run)."""
         self._renewal: asyncio.Task[None] | None = None
@@ -89,30 +99,60 @@ class JobRun:
             due = k.renew_at(now) if k is not None else self._next_try
             if now >= due and (self._renewal is None or self._renewal.done()):
                 self._renewal = asyncio.create_task(self._renew(now))
-            if self.proc is None and k is not None and k.may_run(now) and not self.cancel:
+            if self.proc is None and k is not None and k.may_run(now):
+                if self.cancel:
+                    await self._release("cancelled", "cancelled before it started")
+                    return "cancelled"
                 await self._start()
-            if self.cancel:
-                self.kill("cancelled")
-                await self._release("cancelled", "cancelled")
-                return "cancelled"
             if self.proc is not None and self.proc.returncode is not None:
-                if self._reader is not None:
-                    with contextlib.suppress(asyncio.TimeoutError, Exception):
-                        await asyncio.wait_for(self._reader, 2.0)
-                rc = self.proc.returncode
-                if rc == 0:
-                    await self._release("done", "")
-                    return "done"
-                await self._release("failed", f"exit code {rc}; see attempt-{self.attempt}.log "
-                                              f"on {self.service.node}")
-                return "failed"
-            if (self.proc is not None and self.spec.get("on_drain") == "migrate"
-                    and self.service.draining()):
-                self.kill("node draining")
-                await self._release("moved", f"{self.service.node} is draining; moved to "
-                                             "resume from its last checkpoint")
-                return "moved"
+                return await self._exited(self.proc.returncode)
+            if self.proc is not None and self.leaving is None:
+                if self.cancel:
+                    self.stop(("cancelled", "cancelled"))
+                else:
+                    self._drain()
             await asyncio.sleep(POLL)
+
+    def _drain(self) -> None:
+        """Hand the job back when its node drains: at once with ``on_drain: migrate``; with
+        ``finish``, only if it would still be running when the drain's deadline comes."""
+        deadline = self.service.drain_deadline()
+        if deadline is None:
+            return
+        node = self.service.node
+        if self.spec.get("on_drain") == "migrate":
+            self.stop(("moved", f"{node} is draining; moved to resume from its last "
+                                "checkpoint"))
+        elif time.time() >= deadline - STOP_GRACE:
+            self.stop(("moved", f"{node}'s drain deadline came before the job finished; "
+                                "moved to resume from its last checkpoint"))
+
+    async def _exited(self, rc: int) -> str:
+        """The child ended: release the lease with what that means."""
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(self._reader, 2.0)
+        k = self.keeper
+        if self.leaving is not None:
+            outcome, message = self.leaving
+            if rc == 0 and outcome == "cancelled":
+                outcome = "done"  # it finished before it saw the stop
+        elif rc == 0:
+            outcome, message = "done", ""
+        elif k is not None and not k.may_run(time.monotonic()):
+            return "cut off"  # the watchdog fenced it; the lease is lapsing, not ours to end
+        else:
+            outcome, message = "failed", (f"exit code {rc}; see attempt-{self.attempt}.log "
+                                          f"on {self.service.node}")
+        await self._release(outcome, message)
+        return outcome
+
+    def stop(self, leaving: tuple[str, str]) -> None:
+        """Ask the child to stop gracefully; the lease is released once it has exited."""
+        self.leaving = leaving
+        self._tell(f"stop {STOP_GRACE}")
+        log.info("job stopping", extra={"event": "job_stopping", "job": self.name,
+                                        "token": self.token, "detail": leaving[0]})
 
     def _payload(self) -> dict[str, Any]:
         """The child's last report, as the placements group accepts it."""
@@ -143,6 +183,9 @@ class JobRun:
                 self.keeper = LeaseKeeper(self.token, float(result["ttl"]))
             self.keeper.granted(sent)
             self.cancel = bool(result.get("cancel"))
+            if self.keeper.deadline > self._told and self.proc is not None:
+                self._tell(f"deadline {self.keeper.deadline!r}")
+                self._told = self.keeper.deadline
         else:
             error = str(result.get("error"))
             if self.keeper is None:
@@ -179,7 +222,8 @@ class JobRun:
                "MESHD_JOB_ID": self.name, "MESHD_ATTEMPT": str(self.attempt),
                "MESHD_LEASE_TOKEN": str(self.token), "MESHD_CHECKPOINT_DIR": checkpoints,
                "MESHD_HPARAMS": json.dumps(self.spec.get("hyperparameters", {})),
-               "MESHD_MODEL": str(self.spec.get("model", ""))}
+               "MESHD_MODEL": str(self.spec.get("model", "")),
+               "MESHD_NODE": self.service.node, "MESHD_SLOTS": ",".join(self.gpus)}
         gpus = [g for g in self.gpus if not g.startswith("cpu")]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -187,13 +231,16 @@ class JobRun:
 
     async def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        logfile = self.workdir / f"attempt-{self.attempt}.log"
+        logfile = log_path(self.workdir, self.attempt)
         env = {**self.environment(), "MESHD_TRAINER_PID": str(os.getpid())}
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "meshd.train.launch", *self.argv(),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "meshd.train.watchdog", *self.argv(),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, env=env, cwd=self.workdir,
             start_new_session=sys.platform != "win32")
+        assert self.keeper is not None
+        self._tell(f"deadline {self.keeper.deadline!r}")
+        self._told = self.keeper.deadline
         self._reader = asyncio.create_task(self._read(logfile))
         log.info("job started", extra={"event": "job_started", "job": self.name,
                                        "token": self.token, "pid": self.proc.pid,
@@ -211,6 +258,13 @@ class JobRun:
                     continue
                 if isinstance(doc, dict):
                     self.report = {**self.report, **doc}
+
+    def _tell(self, line: str) -> None:
+        """One command to the child's watchdog (see :mod:`meshd.train.watchdog`)."""
+        pipe = self.proc.stdin if self.proc is not None else None
+        if pipe is not None and not pipe.is_closing():
+            with contextlib.suppress(OSError, RuntimeError):
+                pipe.write(line.encode() + b"\n")
 
     def kill(self, why: str) -> None:
         """Stop the child and everything it started, now (SIGKILL: fencing cannot wait)."""

@@ -13,13 +13,16 @@ Run as ``python -m meshd.train.sample``; the trainer passes, as a job's environm
   test can make a job last long enough to be killed mid-way).
 
 It prints one JSON object per line on stdout, which the trainer turns into lease renewals:
-``{"step", "loss", "progress", "checkpoint"}``.
+``{"step", "loss", "progress", "checkpoint"}``.  On SIGTERM (the trainer hands the job back:
+cancel, or a drain with ``on_drain: migrate``) it checkpoints the step it is at and exits
+with 143, so the next attempt loses nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -77,6 +80,8 @@ def main() -> int:
     rng = np.random.default_rng(int(hp["seed"]) + 1)
     found = latest_checkpoint(directory)
     start, w = found if found is not None else (0, np.zeros(x.shape[1]))
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
     if found is not None:
         _emit({"step": start, "loss": _loss(w, x, y), "progress": start / steps,
                "message": f"resumed from step {start}"})
@@ -89,9 +94,12 @@ def main() -> int:
             time.sleep(float(hp["step_seconds"]))
         report: dict[str, Any] = {"step": step, "loss": _loss(w, x, y),
                                   "progress": step / steps}
-        if step % every == 0 or step == steps:
+        if step % every == 0 or step == steps or stop:
             report["checkpoint"] = str(_save(directory, step, w))
         _emit(report)
+        if stop and step < steps:
+            _emit({"message": f"stopped at step {step} (SIGTERM); checkpoint saved"})
+            return 128 + signal.SIGTERM
     return 0
 
 

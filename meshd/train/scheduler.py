@@ -9,7 +9,8 @@ is the judge: a command built on a stale view is refused there (``live``, ``busy
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,20 +48,33 @@ def split_slots(trainers: Iterable[Trainer]) -> dict[bool, list[GpuSlot]]:
     return out
 
 
+def slots_wanted(job: dict[str, Any]) -> int:
+    """GPUs (or, for a CPU job, slots) a job spec takes: what tenant quotas count."""
+    return max(1, int(job["gpus"]["count"]))
+
+
 def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
          trainers: Collection[Trainer], now: float, *, ttl: float = TTL,
-         start_timeout: float = START_TIMEOUT) -> list[dict[str, Any]]:
+         start_timeout: float = START_TIMEOUT,
+         quotas: Mapping[str, int | None] | None = None) -> list[dict[str, Any]]:
     """Commands for this tick.
 
     ``jobs``: TrainingJob specs with ``name`` added; ``placements``: TrainingPlacement specs by
-    job.  A lapsed lease is reaped (``expire``) before its job is placed again, on the next
-    tick.  Queued jobs go by priority, then age; each takes the best candidate not already
-    taken this tick.
+    job; ``quotas``: tenant -> GPUs its jobs may hold at once (TenantQuota ``training_gpus``;
+    absent or None = unlimited).  A lapsed lease is reaped (``expire``) before its job is
+    placed again, on the next tick.  Queued jobs go by priority, then age; each takes the
+    best candidate not already taken this tick.  A job its tenant's quota cannot take now
+    waits, and lower-priority jobs of other tenants go ahead of it.
     """
     out: list[dict[str, Any]] = []
     jobs = list(jobs)
     by_name = {j["name"]: j for j in jobs}
     busy = {(p["node"], g) for p in placements.values() for g in p["gpus"]}
+    quotas = quotas or {}
+    held: Counter[str] = Counter()
+    for name, p in placements.items():
+        if name in by_name:
+            held[by_name[name]["job"]["tenant"]] += len(p["gpus"]) or 1
     for name, p in sorted(placements.items()):
         j = by_name.get(name)
         expires = float((p.get("lease") or {}).get("expires_unix", 0.0))
@@ -73,6 +87,10 @@ def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
                     key=lambda j: (-j["job"]["priority"], j["submitted_at"] or 0.0, j["name"]))
     for j in queued:
         spec = parse_job(j["job"])
+        tenant, want = j["job"]["tenant"], slots_wanted(j["job"])
+        limit = quotas.get(tenant)
+        if limit is not None and held[tenant] + want > limit:
+            continue
         needs = spec.needs()
         slots = offered[spec.cpu_only]
         try:
@@ -88,6 +106,7 @@ def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
         node = best.nodes[0]
         gpus = [s.gpu for s in best.slots]
         busy.update((node, g) for g in gpus)
+        held[tenant] += want
         out.append({"op": "acquire", "job": j["name"], "holder": node, "node": node,
                     "gpus": gpus, "ttl": ttl, "start_timeout": start_timeout, "at": now})
     return out

@@ -101,12 +101,19 @@ class TrainService:
         store = self.control.views["placements"].store
         return [{**d.document.spec, "name": d.document.name} for d in store.list("TrainingJob")]
 
+    def quotas(self) -> dict[str, int | None]:
+        """Tenant -> GPUs its training jobs may hold at once (TenantQuota ``training_gpus``)."""
+        store = self.control.views["policy"].store
+        return {d.document.name: d.document.spec["training_gpus"]
+                for d in store.list("TenantQuota")}
+
     def placements(self) -> dict[str, dict[str, Any]]:
         store = self.control.views["placements"].store
         return {d.document.name: d.document.spec for d in store.list("TrainingPlacement")}
 
     async def _schedule(self) -> None:
-        for cmd in plan(self.jobs(), self.placements(), self.trainers(), time.time()):
+        for cmd in plan(self.jobs(), self.placements(), self.trainers(), time.time(),
+                        quotas=self.quotas()):
             try:
                 result = await self.control.write("placements", cmd, WRITE_TIMEOUT,
                                                   f"meshd/{self.node} (scheduler)")
@@ -141,8 +148,13 @@ class TrainService:
         return await self.control.write("placements", {**cmd, "at": time.time()}, WRITE_TIMEOUT,
                                         f"meshd/{self.node} (trainer)")
 
-    def draining(self) -> bool:
-        return "draining" in self.control.flags_of(self.node)
+    def drain_deadline(self) -> float | None:
+        """The wall-clock time this node's drain must be over by, or None when not draining."""
+        draining = self.control.views["policy"].store.node_flags(self.node).get("draining")
+        if not draining:
+            return None
+        deadline = draining.get("deadline_unix") if isinstance(draining, dict) else None
+        return float(deadline) if isinstance(deadline, int | float) else time.time()
 
     async def close(self) -> None:
         """Stop every job this node runs (the leases lapse; the jobs move elsewhere)."""

@@ -460,6 +460,30 @@ class JobRequest(_message.Message):
     timeout_seconds: float
     def __init__(self, id: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
 
+class JobLogsRequest(_message.Message):
+    __slots__ = ("id", "attempt", "tail_bytes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    attempt: int
+    tail_bytes: int
+    def __init__(self, id: _Optional[str] = ..., attempt: _Optional[int] = ..., tail_bytes: _Optional[int] = ...) -> None: ...
+
+class JobLogsResponse(_message.Message):
+    __slots__ = ("node", "attempt", "data", "truncated", "attempts")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    attempt: int
+    data: bytes
+    truncated: bool
+    attempts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node: _Optional[str] = ..., attempt: _Optional[int] = ..., data: _Optional[bytes] = ..., truncated: _Optional[bool] = ..., attempts: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ListJobsRequest(_message.Message):
     __slots__ = ("state",)
     STATE_FIELD_NUMBER: _ClassVar[int]

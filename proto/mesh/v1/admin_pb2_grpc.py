@@ -140,6 +140,11 @@ class AdminStub:
                 request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobRequest.SerializeToString,
                 response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.FromString,
                 _registered_method=True)
+        self.JobLogs = channel.unary_unary(
+                '/mesh.v1.Admin/JobLogs',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -296,6 +301,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JobLogs(self, request, context):
+        """JobLogs: a job's output as kept by the answering node, if it ran the job there
+        (`meshctl jobs logs` asks the node of each attempt).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -403,6 +416,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobRequest.FromString,
                     response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.SerializeToString,
+            ),
+            'JobLogs': grpc.unary_unary_rpc_method_handler(
+                    servicer.JobLogs,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -973,6 +991,33 @@ class Admin:
             '/mesh.v1.Admin/CancelJob',
             proto_dot_mesh_dot_v1_dot_admin__pb2.JobRequest.SerializeToString,
             proto_dot_mesh_dot_v1_dot_admin__pb2.JobStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/JobLogs',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,89 @@
+"""The scheduler's pure decisions (:func:`meshd.train.scheduler.plan`): which leases to reap,
+which queued jobs go where, in what order, within tenant quotas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshd.train.placement import GpuSlot
+from meshd.train.scheduler import EXPIRE_GRACE, Trainer, cpu_slots, plan
+from meshd.train.spec import parse_job
+
+
+def job(name: str, state: str = "queued", *, priority: int = 5, submitted: float = 1.0,
+        gpus: int = 1, tenant: str = "default", tried: list[str] | None = None,
+        token: int = 0, cancel: bool = False) -> dict[str, Any]:
+    spec = parse_job({"id": name, "model": "m", "command": ["x"], "priority": priority,
+                      "gpus": {"count": gpus}, "tenant": tenant}).doc
+    return {"name": name, "job": spec, "state": state, "submitted_at": submitted,
+            "tried": tried or [], "token": token, "cancel": cancel}
+
+
+def gpu_trainer(node: str, count: int, schedulable: bool = True) -> Trainer:
+    return Trainer(node, tuple(GpuSlot(node, f"GPU-{node}-{i}", "L4", 24_000, 24_000)
+                               for i in range(count)), schedulable)
+
+
+def placed(cmds: list[dict[str, Any]]) -> dict[str, tuple[str, list[str]]]:
+    return {c["job"]: (c["node"], c["gpus"]) for c in cmds if c["op"] == "acquire"}
+
+
+def test_higher_priority_then_older_jobs_take_the_free_gpus_first() -> None:
+    jobs = [job("late", submitted=3.0), job("urgent", priority=9, submitted=5.0),
+            job("early", submitted=2.0)]
+    got = placed(plan(jobs, {}, [gpu_trainer("a", 2)], now=10.0))
+    assert set(got) == {"urgent", "early"}
+    assert len({g for _, gs in got.values() for g in gs}) == 2  # never one GPU twice a tick
+
+
+def test_leased_gpus_and_unschedulable_nodes_are_skipped() -> None:
+    placements = {"old": {"node": "a", "gpus": ["GPU-a-0"],
+                          "lease": {"expires_unix": 100.0}}}
+    jobs = [job("old", "running", token=1), job("new")]
+    trainers = [gpu_trainer("a", 1), gpu_trainer("b", 1, schedulable=False)]
+    assert plan(jobs, placements, trainers, now=10.0) == []
+    got = placed(plan(jobs, placements, [*trainers, gpu_trainer("c", 1)], now=10.0))
+    assert got == {"new": ("c", ["GPU-c-0"])}
+
+
+def test_lapsed_leases_are_reaped_after_the_grace() -> None:
+    placements = {"j": {"node": "a", "gpus": ["GPU-a-0"], "lease": {"expires_unix": 10.0}}}
+    jobs = [job("j", "running", token=7)]
+    assert plan(jobs, placements, [gpu_trainer("a", 1)], now=10.0 + EXPIRE_GRACE / 2) == []
+    cmds = plan(jobs, placements, [gpu_trainer("a", 1)], now=10.0 + EXPIRE_GRACE * 2)
+    assert cmds == [{"op": "expire", "job": "j", "token": 7, "at": 10.0 + EXPIRE_GRACE * 2}]
+
+
+def test_a_node_where_the_lease_lapsed_is_the_last_resort() -> None:
+    trainers = [gpu_trainer("a", 1), gpu_trainer("b", 1)]
+    assert placed(plan([job("j", tried=["a"])], {}, trainers, 1.0))["j"][0] == "b"
+    assert placed(plan([job("j", tried=["a", "b"])], {}, trainers, 1.0))["j"][0] in "ab"
+    assert placed(plan([job("j", tried=["a"])], {}, trainers[:1], 1.0))["j"][0] == "a"
+
+
+def test_cpu_jobs_take_cpu_slots_and_gpu_jobs_gpus() -> None:
+    trainers = [Trainer("c", cpu_slots("c", 1)), gpu_trainer("g", 1)]
+    got = placed(plan([job("cpu", gpus=0), job("gpu")], {}, trainers, 1.0))
+    assert got == {"cpu": ("c", ["cpu0"]), "gpu": ("g", ["GPU-g-0"])}
+    # A job asking for more than any trainer offers is left queued (the API refuses it).
+    assert plan([job("big", gpus=4)], {}, trainers, 1.0) == []
+
+
+def test_cancelled_and_running_jobs_are_not_placed() -> None:
+    jobs = [job("c", cancel=True), job("r", "running", token=1)]
+    assert plan(jobs, {}, [gpu_trainer("a", 4)], 1.0) == []
+
+
+def test_tenant_quotas_hold_jobs_back_and_let_others_go_ahead() -> None:
+    trainers = [gpu_trainer("a", 4), gpu_trainer("b", 4)]
+    placements = {"t1": {"node": "a", "gpus": ["GPU-a-0", "GPU-a-1"],
+                         "lease": {"expires_unix": 100.0}}}
+    jobs = [job("t1", "running", gpus=2, tenant="team", token=1),
+            job("t2", priority=9, gpus=2, tenant="team"),
+            job("t3", priority=8, gpus=1, tenant="team"),
+            job("o1", priority=1, gpus=2, tenant="other")]
+    got = placed(plan(jobs, placements, trainers, 10.0, quotas={"team": 3, "other": None}))
+    # team holds 2 of its 3: t2 (2 more) waits, t3 (1 more) fits, and o1 is not held back.
+    assert set(got) == {"t3", "o1"}
+    assert placed(plan(jobs, placements, trainers, 10.0)).keys() == {"t2", "t3", "o1"}
+    assert placed(plan(jobs, placements, trainers, 10.0, quotas={"team": 0})).keys() == {"o1"}
