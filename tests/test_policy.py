@@ -109,7 +109,8 @@ def spec_of(kind: str, **fields: Any) -> dict[str, Any]:
 def test_defaults_of_every_kind() -> None:
     assert spec_of("NodeFlags") == {"cordoned": False, "draining": None, "quarantined": None}
     assert spec_of("TenantQuota") == {"requests_per_second": None, "burst": None,
-                                      "concurrency": None, "priority": 5}
+                                      "concurrency": None, "priority": 5,
+                                      "training_gpus": None}
     assert spec_of("SloClass") == {"deadline_ms": 100.0, "hedging": True,
                                    "hedge_after_ms": None, "shed_priority": 5}
     assert spec_of("ModelPin") == {"nodes": [], "zones": [], "gpu_types": [],
