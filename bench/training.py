@@ -299,6 +299,16 @@ def faults_section(b: Bench, faults: int, every: float) -> dict[str, Any]:
             "feeder_errors": errors[:20], "log": injections}
 
 
+def timed_row(rows: list[list[str]], what: str, r: dict[str, Any], bar: float | None = None,
+              bar_text: str = "") -> bool:
+    """Append a row of seconds (n, p50, p90, max; the bar on the max); whether it passed."""
+    d = r["dist"]
+    good = bar is None or d["max"] <= bar
+    rows.append([what, str(len(r["seconds"])), f"{d['p50']:.3f}", f"{d['p90']:.3f}",
+                 f"{d['max']:.3f}", f"{bar_text}: {verdict(good)}" if bar is not None else ""])
+    return good
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke check)")
@@ -323,24 +333,14 @@ def main() -> int:
         try:
             if "submit" in only:
                 print(f"submit: {submits} jobs", flush=True)
-                r = submit_section(b, submits)
-                results["submit"] = r
-                d = r["dist"]
-                good = d["max"] <= SUBMIT_BAR_S
-                ok &= good
-                rows.append(["submit -> running", str(len(r["seconds"])), f"{d['p50']:.3f}",
-                             f"{d['p90']:.3f}", f"{d['max']:.3f}",
-                             f"max <= {SUBMIT_BAR_S:g} s: {verdict(good)}"])
+                results["submit"] = r = submit_section(b, submits)
+                ok &= timed_row(rows, "submit -> running", r, SUBMIT_BAR_S,
+                                f"max <= {SUBMIT_BAR_S:g} s")
             if "failover" in only:
                 print(f"failover: {kills} trainer kills", flush=True)
-                r = failover_section(b, kills)
-                results["failover"] = r
-                d = r["dist"]
-                good = d["max"] <= FAILOVER_BAR_S
-                ok &= good
-                rows.append(["trainer kill -> running elsewhere", str(len(r["seconds"])),
-                             f"{d['p50']:.3f}", f"{d['p90']:.3f}", f"{d['max']:.3f}",
-                             f"max <= TTL+2 = {FAILOVER_BAR_S:g} s: {verdict(good)}"])
+                results["failover"] = r = failover_section(b, kills)
+                ok &= timed_row(rows, "trainer kill -> running elsewhere", r, FAILOVER_BAR_S,
+                                f"max <= TTL+2 = {FAILOVER_BAR_S:g} s")
             if "faults" in only:
                 print(f"faults: {faults} injected failures", flush=True)
                 r = faults_section(b, faults, args.every)
@@ -348,10 +348,7 @@ def main() -> int:
                 good = not r["overlaps"] and set(r["states"]) == {"done"}
                 ok &= good
                 for kind, rep in sorted(r["replaced"].items()):
-                    d = rep["dist"]
-                    rows.append([f"under load: {kind} -> replacement running",
-                                 str(len(rep["seconds"])), f"{d['p50']:.3f}", f"{d['p90']:.3f}",
-                                 f"{d['max']:.3f}", ""])
+                    timed_row(rows, f"under load: {kind} -> replacement running", rep)
                 kinds = ", ".join(f"{v} {k}" for k, v in sorted(r["injections"].items()))
                 rows.append([f"double ownership over {sum(r['injections'].values())} failures "
                              f"({kinds})",

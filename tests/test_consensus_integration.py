@@ -886,11 +886,9 @@ def heal(ns: str) -> None:
     _iptables(ns, "-F", "OUTPUT")
 
 
-@pytest.mark.netns
-def test_partitioned_leader_cannot_commit_and_converges_after_heal(
-        partition_netns: str, meshes: Callable[..., Mesh]) -> None:
-    ns = partition_netns
-    mesh = meshes(3, 1, netns=ns, start=False)
+def start_partitionable(mesh: Mesh, ns: str) -> None:
+    """Start a mesh made with ``netns=ns, start=False`` so :func:`isolate` can cut any node
+    off: each node under its own group id, admin calls from inside the namespace."""
     c = mesh.c
     c.client.close()
     c.client = NetnsAdmin(ns, c.admin_creds)  # type: ignore[assignment]
@@ -898,6 +896,15 @@ def test_partitioned_leader_cannot_commit_and_converges_after_heal(
         _with_gid(n, GID_BASE + n.index)
     c.start()
     c.wait_converged(CONVERGE)
+
+
+@pytest.mark.netns
+def test_partitioned_leader_cannot_commit_and_converges_after_heal(
+        partition_netns: str, meshes: Callable[..., Mesh]) -> None:
+    ns = partition_netns
+    mesh = meshes(3, 1, netns=ns, start=False)
+    c = mesh.c
+    start_partitionable(mesh, ns)
     old = wait_ready(mesh, voters=3)["policy"]
     majority = [n for n in mesh.coordinators if n is not old]
     plain = mesh.plain[0]

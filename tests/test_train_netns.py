@@ -17,16 +17,13 @@ import pytest
 
 from proto.mesh.v1 import admin_pb2
 from tests.test_consensus_integration import (  # noqa: F401 - fixtures
-    CONVERGE,
-    GID_BASE,
     Mesh,
-    NetnsAdmin,
-    _with_gid,
     call,
     heal,
     isolate,
     meshes,
     partition_netns,
+    start_partitionable,
     wait_ready,
 )
 from tests.test_train_integration import TTL, canary, submit, wait_job
@@ -44,12 +41,7 @@ def test_a_partitioned_trainer_is_fenced_before_its_job_runs_elsewhere(
     ns = partition_netns
     mesh = meshes(3, 2, netns=ns, start=False, extra={4: TRAINER, 5: TRAINER})
     c = mesh.c
-    c.client.close()
-    c.client = NetnsAdmin(ns, c.admin_creds)  # type: ignore[assignment]
-    for n in c.nodes:
-        _with_gid(n, GID_BASE + n.index)
-    c.start()
-    c.wait_converged(CONVERGE)
+    start_partitionable(mesh, ns)
     wait_ready(mesh, voters=3)
     c.wait_for(lambda: len(c.seed.members(role=["trainer"])) == 2, 20, "two trainers")
 
