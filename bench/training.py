@@ -54,6 +54,7 @@ from bench.table import (  # noqa: E402
 )
 from meshd.train.canary import Run, audit, runs  # noqa: E402
 from meshd.train.scheduler import TTL  # noqa: E402
+from proto.mesh.v1 import admin_pb2  # noqa: E402
 
 SUBMIT_BAR_S = 1.0
 FAILOVER_BAR_S = TTL + 2.0
@@ -106,8 +107,6 @@ class Bench:
         raise RuntimeError(f"{method} failed everywhere: {last}")
 
     def leader(self, group: str) -> Any:
-        from proto.mesh.v1 import admin_pb2
-
         try:
             resp = self.call("RaftStatus", admin_pb2.RaftStatusRequest(), 3.0)
         except RuntimeError:
@@ -123,8 +122,6 @@ class Bench:
 
     def submit(self, seconds: float, via: Any = None) -> tuple[str, float]:
         """Submit a canary job; (its id, wall-clock time of the call)."""
-        from proto.mesh.v1 import admin_pb2
-
         self.serial += 1
         jid = f"canary-{self.serial:04d}"
         spec = {"id": jid, "model": "canary", "entry": "meshd.train.canary:main",
@@ -143,8 +140,6 @@ class Bench:
         return jid, t0
 
     def jobs(self) -> dict[str, Any]:
-        from proto.mesh.v1 import admin_pb2
-
         return {j.id: j for j in self.call("ListJobs", admin_pb2.ListJobsRequest()).jobs}
 
     def wait_jobs_end(self, ids: list[str], timeout: float) -> dict[str, Any]:
@@ -206,8 +201,6 @@ def failover_section(b: Bench, kills: int) -> dict[str, Any]:
         took.append(nxt.start - t_kill)
         print(f"  kill {victim.name}: running again on {nxt.node} after "
               f"{took[-1]:.2f} s", flush=True)
-        from proto.mesh.v1 import admin_pb2
-
         b.call("CancelJob", admin_pb2.JobRequest(id=jid))
         victim.start()
         b.wait_jobs_end([jid], 30)

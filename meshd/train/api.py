@@ -18,7 +18,7 @@ import grpc
 from meshd.control import ControlPlane
 from meshd.policy_api import _caller, _timeout, commit
 from meshd.train.board import FINAL
-from meshd.train.logs import MAX_TAIL, read_tail
+from meshd.train.logs import DEFAULT_TAIL, MAX_TAIL, read_tail
 from meshd.train.placement import Unplaceable, rank
 from meshd.train.scheduler import slots_wanted, split_slots
 from meshd.train.service import TrainService
@@ -124,8 +124,8 @@ class JobsAdmin:
         node = self.control.node
         found = None
         if self.train is not None:
-            args = (request.attempt,) + ((request.tail_bytes,) if request.tail_bytes else ())
-            found = read_tail(self.train.data_dir / "jobs" / request.id, *args)
+            found = read_tail(self.train.data_dir / "jobs" / request.id, request.attempt,
+                              request.tail_bytes or DEFAULT_TAIL)
         if found is None:
             stored = self._view_job(request.id)
             ran = ""

@@ -65,8 +65,6 @@ class JobRun:
         self.outcome = ""
         self.leaving: tuple[str, str] | None = None
         """(outcome, message) to release with once the gracefully stopped child exits."""
-        self._told = -math.inf
-        """The last deadline written to the watchdog."""
         self.refused = ""
         """Why the table refused the first renewal (the lease was never ours to run)."""
         self._renewal: asyncio.Task[None] | None = None
@@ -130,7 +128,7 @@ class JobRun:
     async def _exited(self, rc: int) -> str:
         """The child ended: release the lease with what that means."""
         if self._reader is not None:
-            with contextlib.suppress(asyncio.TimeoutError, Exception):
+            with contextlib.suppress(Exception):  # a timeout, or the reader's own error
                 await asyncio.wait_for(self._reader, 2.0)
         k = self.keeper
         if self.leaving is not None:
@@ -183,9 +181,8 @@ class JobRun:
                 self.keeper = LeaseKeeper(self.token, float(result["ttl"]))
             self.keeper.granted(sent)
             self.cancel = bool(result.get("cancel"))
-            if self.keeper.deadline > self._told and self.proc is not None:
+            if self.proc is not None:  # the watchdog keeps the latest it is told
                 self._tell(f"deadline {self.keeper.deadline!r}")
-                self._told = self.keeper.deadline
         else:
             error = str(result.get("error"))
             if self.keeper is None:
@@ -240,7 +237,6 @@ class JobRun:
             start_new_session=sys.platform != "win32")
         assert self.keeper is not None
         self._tell(f"deadline {self.keeper.deadline!r}")
-        self._told = self.keeper.deadline
         self._reader = asyncio.create_task(self._read(logfile))
         log.info("job started", extra={"event": "job_started", "job": self.name,
                                        "token": self.token, "pid": self.proc.pid,

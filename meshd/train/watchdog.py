@@ -67,10 +67,14 @@ class Switch:
         self.closed = True  # a plain store: also called from a signal handler, so no lock
 
 
-def _kill_group(sig: int) -> None:
+def _signal_all(job: subprocess.Popen[bytes], hard: bool) -> None:
+    """SIGKILL (``hard``) or SIGTERM to the job and everything it started: this process's
+    group, so on POSIX a hard kill ends the watchdog too.  Windows: the job alone."""
+    if sys.platform == "win32":
+        (job.kill if hard else job.terminate)()
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        if sys.platform != "win32":
-            os.killpg(os.getpgid(0), sig)
+        os.killpg(os.getpgid(0), signal.SIGKILL if hard else signal.SIGTERM)
 
 
 def supervise(job: subprocess.Popen[bytes], switch: Switch) -> int:
@@ -87,19 +91,15 @@ def supervise(job: subprocess.Popen[bytes], switch: Switch) -> int:
         if closed or now >= deadline:
             why = "the trainer is gone" if closed else "the lease deadline passed"
             print(f'{{"message": "watchdog: {why}; job killed"}}', flush=True)
-            job.kill()
-            _kill_group(signal.SIGKILL)  # the job's own children too (and this process)
+            _signal_all(job, hard=True)
             return job.wait()
-        if grace is not None and term_at is None:
-            term_at = now
-            if sys.platform != "win32":
-                _kill_group(signal.SIGTERM)
-            else:
-                job.terminate()
-        if term_at is not None and grace is not None and now - term_at >= grace:
-            job.kill()
-            _kill_group(signal.SIGKILL)
-            return job.wait()
+        if grace is not None:
+            if term_at is None:
+                term_at = now
+                _signal_all(job, hard=False)
+            elif now - term_at >= grace:
+                _signal_all(job, hard=True)
+                return job.wait()
 
 
 def main() -> None:
