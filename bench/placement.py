@@ -8,7 +8,8 @@ of GPUs busy, as a coordinator's scheduler would see it.  Each case times
 :func:`meshd.train.placement.rank` end to end (filtering, costing, gang forming, ring order)
 over ``--calls`` calls with ``time.perf_counter_ns``; the table gives p50/p99/max.  The
 spread case (a 16-GPU gang on nodes with 2 free GPUs each) also builds its ring from
-Vivaldi-like coordinates.  Writes ``bench/results/placement.{json,md}``.
+Vivaldi-like coordinates; so do the fixed-size gangs (``nodes``), whose node sets are grown
+from the 16 cheapest nodes.  Writes ``bench/results/placement.{json,md}``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def main() -> int:
         ("4-GPU gang, one node", Needs(4, 600.0, 8_000), False),
         ("8-GPU gang, one node", Needs(8, 600.0), False),
         ("16-GPU gang over nodes (ring)", Needs(16, 600.0, 4_000), True),
+        ("16-GPU gang on exactly 4 nodes", Needs(16, 600.0, 4_000, nodes=4), False),
+        ("16-GPU gang on exactly 8 nodes (2-opt ring)", Needs(16, 600.0, nodes=8), False),
     ]
     rows, results = [], {}
     worst = 0.0

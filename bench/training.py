@@ -1,6 +1,6 @@
 """Training scheduler on real processes: submit-to-running, failover, and fencing under faults.
 
-    .venv/bin/python bench/training.py [--quick] [--only submit,failover,faults]
+    .venv/bin/python bench/training.py [--quick] [--only submit,failover,gang,faults]
 
 A local mesh of real meshd processes (``tests/cluster.py``): 3 coordinators (n1-n3, which
 run the ``placements`` Raft group and its scheduler) and ``--trainers`` CPU trainers (4;
@@ -15,6 +15,11 @@ not from the scheduler's view.
 * ``failover`` - one long job at a time; its trainer's meshd is SIGKILLed (the job dies with
   it) and restarted afterwards.  Measured from the kill to the first heartbeat of the copy
   that replaced it.  ``--kills`` times (10; quick 3).  Bar: <= lease TTL + 2 s (max).
+* ``gang`` - the same with a job over 2 nodes (``gpus.nodes: 2``, one canary rank on each):
+  the trainer of rank 0, then of rank 1, in turn, is SIGKILLed.  Measured from the kill to
+  the start of the later of the two ranks of the next attempt (the surviving rank is told to
+  stop by its next renewal once the killed rank's part lapses).  Bar: <= TTL + 2 s (max),
+  and no overlap in the canary audit.
 * ``faults`` - under load (a 5 s job submitted every ``--every`` s, 8 slots), ``--faults``
   injected failures (100; quick 12), in turn: a trainer SIGKILLed (restarted 1 s later), a
   trainer frozen with SIGSTOP for TTL + 2 s (its job must be stopped by the watchdog, not by
@@ -120,12 +125,13 @@ class Bench:
             return None
         return next((n for n in self.coordinators if n.name == best.node and n.running), None)
 
-    def submit(self, seconds: float, via: Any = None) -> tuple[str, float]:
-        """Submit a canary job; (its id, wall-clock time of the call)."""
+    def submit(self, seconds: float, via: Any = None, nodes: int = 0) -> tuple[str, float]:
+        """Submit a canary job (over ``nodes`` nodes if > 1); (its id, wall-clock time of the
+        call)."""
         self.serial += 1
         jid = f"canary-{self.serial:04d}"
         spec = {"id": jid, "model": "canary", "entry": "meshd.train.canary:main",
-                "checkpoints": str(self.records / jid), "gpus": {"count": 0},
+                "checkpoints": str(self.records / jid), "gpus": {"count": 0, "nodes": nodes},
                 "hyperparameters": {"seconds": seconds}, "work_seconds": seconds}
         t0 = time.time()
         req = admin_pb2.SubmitJobRequest(spec=json.dumps(spec), timeout_seconds=5)
@@ -164,6 +170,14 @@ class Bench:
     def node(self, name: str) -> Any:
         return self.c.node(name)
 
+    def put_back(self, jid: str, victim: Any) -> None:
+        """After a kill: cancel the job, restart the killed trainer, wait for both."""
+        self.call("CancelJob", admin_pb2.JobRequest(id=jid))
+        victim.start()
+        self.wait_jobs_end([jid], 30)
+        self.c.wait_for(lambda: len(self.c.seed.members(role=["trainer"])) ==
+                        len(self.trainers), 30, "every trainer back")
+
 
 # --- submit ------------------------------------------------------------------------------------
 
@@ -201,12 +215,32 @@ def failover_section(b: Bench, kills: int) -> dict[str, Any]:
         took.append(nxt.start - t_kill)
         print(f"  kill {victim.name}: running again on {nxt.node} after "
               f"{took[-1]:.2f} s", flush=True)
-        b.call("CancelJob", admin_pb2.JobRequest(id=jid))
-        victim.start()
-        b.wait_jobs_end([jid], 30)
-        b.c.wait_for(lambda: len(b.c.seed.members(role=["trainer"])) == len(b.trainers), 30,
-                     "every trainer back")
+        b.put_back(jid, victim)
     return {"seconds": took, "dist": distribution(took)}
+
+
+def gang_section(b: Bench, kills: int) -> dict[str, Any]:
+    """Two-node gangs; one rank's trainer (rank 0's, then rank 1's, in turn) is SIGKILLed.
+    Measured from the kill to the start of the later of the next attempt's two ranks."""
+    took: list[float] = []
+
+    def ranks(jid: str, after: float) -> list[Run] | None:
+        found = [r for r in runs(b.records / jid) if r.start > after]
+        return found if len({r.node for r in found}) == 2 else None
+
+    for i in range(kills):
+        jid, t0 = b.submit(120.0, nodes=2)
+        b.c.wait_for(lambda j=jid, t=t0: ranks(j, t), 20, f"both ranks of {jid} running")
+        time.sleep(1.0)
+        victim = b.node(b.jobs()[jid].nodes[i % 2])  # rank 0's trainer, then rank 1's
+        t_kill = time.time()
+        victim.kill()
+        nxt = b.c.wait_for(lambda j=jid, t=t_kill: ranks(j, t), TTL + 30, f"{jid} running again")
+        took.append(max(r.start for r in nxt) - t_kill)
+        print(f"  kill {victim.name}: both ranks running again on "
+              f"{sorted(r.node for r in nxt)} after {took[-1]:.2f} s", flush=True)
+        b.put_back(jid, victim)
+    return {"seconds": took, "dist": distribution(took), "overlaps": audit(runs(b.records))}
 
 
 # --- faults ------------------------------------------------------------------------------------
@@ -305,7 +339,7 @@ def timed_row(rows: list[list[str]], what: str, r: dict[str, Any], bar: float | 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke check)")
-    ap.add_argument("--only", default="submit,failover,faults")
+    ap.add_argument("--only", default="submit,failover,gang,faults")
     ap.add_argument("--trainers", type=int, default=4)
     ap.add_argument("--submits", type=int, default=None)
     ap.add_argument("--kills", type=int, default=None)
@@ -334,6 +368,14 @@ def main() -> int:
                 results["failover"] = r = failover_section(b, kills)
                 ok &= timed_row(rows, "trainer kill -> running elsewhere", r, FAILOVER_BAR_S,
                                 f"max <= TTL+2 = {FAILOVER_BAR_S:g} s")
+            if "gang" in only:
+                print(f"gang: {kills} kills of a 2-node gang's trainer", flush=True)
+                results["gang"] = r = gang_section(b, kills)
+                ok &= timed_row(rows, "gang rank's trainer kill -> both ranks running again",
+                                r, FAILOVER_BAR_S, f"max <= TTL+2 = {FAILOVER_BAR_S:g} s")
+                rows.append(["gang double ownership (canary audit)", "", "", "",
+                             str(len(r["overlaps"])), f"0: {verdict(not r['overlaps'])}"])
+                ok &= not r["overlaps"]
             if "faults" in only:
                 print(f"faults: {faults} injected failures", flush=True)
                 r = faults_section(b, faults, args.every)

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from adapters.model import GpuState
+from adapters.model import CommStats, GpuState
 from adapters.triton import TritonEndpoint
 from certs.ca import CaError
 from consensus.group import WAN_TIMING, Timing
@@ -168,7 +168,9 @@ class Agent:
                                      self._data.path)
         self.train = TrainService(settings.node, self.control, lambda: self.swim,
                                   self._gpus_of, trainer="trainer" in settings.roles,
-                                  data_dir=Path(settings.data_path()))
+                                  data_dir=Path(settings.data_path()),
+                                  rtt=lambda a, b: self.coordinates.estimate(a, b).rtt,
+                                  comm_of=self._comm_stats, report_comm=self.signals.report_comm)
         self.scorer = Scorer(self.signals.fused, zone=settings.zone, policy=self._policy_spec,
                              policy_version=lambda: self._policy_store.version,
                              rtt_of=self._rtt_of, zone_of=self._zone_of,
@@ -511,6 +513,10 @@ class Agent:
     def _gpus_of(self, name: str) -> list[GpuState]:
         entry = self.signals.fused.nodes.get(name)
         return list(entry.signals.gpus) if entry is not None else []
+
+    def _comm_stats(self) -> list[CommStats]:
+        """Every node's recent collective timings (this node's included), as gossiped."""
+        return [c for e in self.signals.fused.nodes.values() for c in e.signals.comm]
 
     def _flags_of(self, name: str) -> list[str]:
         return self.control.flags_of(name)

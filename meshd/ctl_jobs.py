@@ -14,7 +14,7 @@ from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
 def _line(s: admin_pb2.JobStatus) -> str:
     loss = f" loss={s.loss:.4g}" if s.HasField("loss") else ""
-    where = f" on {s.node}" if s.node else ""
+    where = f" on {','.join(s.nodes) or s.node}" if s.node else ""
     return (f"{s.id}: {s.state}{where} attempt={s.attempt} step={s.step} "
             f"progress={s.progress:.0%}{loss}  {s.message}")
 
@@ -75,7 +75,7 @@ def logs(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
         print(f"meshctl: job {args.id!r} has no attempt {attempt} on record (attempts: "
               f"{s.attempt})", file=sys.stderr)
         return 1
-    node = ran_on[index]
+    node = args.node or ran_on[index]  # rank 0's, unless another rank's is asked for
     members = stub.Members(admin_pb2.MembersRequest(), timeout=args.timeout + 1).members
     member = next((m for m in members if m.name == node), None)
     if member is None or "admin" not in member.ports:
@@ -131,6 +131,9 @@ def add_commands(sub: Any) -> None:
     lg = jsub.add_parser("logs", help="a job's output, from the trainer that ran it")
     lg.add_argument("id")
     lg.add_argument("--attempt", type=int, default=0, help="which attempt (default: latest)")
+    lg.add_argument("--node", default="",
+                    help="the node whose log to read (a gang's other ranks; default: the "
+                         "node of rank 0)")
     lg.add_argument("--tail", type=int, default=0,
                     help="bytes from the end (default 64 KiB, at most 4 MiB)")
     lg.add_argument("--data-dir", help="read every attempt's log from this trainer "

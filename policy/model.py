@@ -96,12 +96,15 @@ TrainingPlacement (placements; name = job id) — where a training job runs:
     lease (null | {holder, expires_unix}): the trainer daemon holding the job and when its soft
         lease lapses (seconds since the epoch); an expired lease lets the scheduler move the job.
     progress (number 0..1, default 0): fraction done, reported with each lease renewal.
+    parts ([{node, gpus, outcome}], default [] = the one part above): a gang's nodes in rank
+        order, each with its GPUs and, once its rank has exited, its outcome.
 
 TrainingJob (placements; name = job id) — a submitted job and how it is doing.  Written only
 by the scheduler's commands (``meshctl jobs``), never by ``policy apply``:
     job (object, required): the spec as submitted (meshd.train.spec.JOB_SPEC, normalized).
     state ("queued" | "placed" | "running" | "done" | "failed" | "cancelled").
-    attempt (int >= 0): leases granted so far; node, gpus, token: the current (or last) one.
+    attempt (int >= 0): leases granted so far; node, gpus, token: the current (or last) one
+        (for a gang, rank 0's node and GPUs; parts: every node's, in rank order).
     progress, step, loss, checkpoint, message: what the trainer last reported.
     tried ([node]): nodes whose lease lapsed, skipped by later placements.
     ran_on ([node]): the node of each attempt, in order (where its log is).
@@ -156,6 +159,13 @@ def _slo_cross(spec: dict[str, Any], path: str) -> None:
                           f"must be < deadline_ms ({number_text(spec['deadline_ms'])}), "
                           f"got {number_text(hedge)}")
 
+
+_PART = Object({
+    "node": required(name_check(), "the part's node"),
+    "gpus": Field(ListOf(Text(1, 128)), [], "its GPUs (or CPU slots)"),
+    "outcome": Field(Text(0, 32), "", "set once its rank has exited"),
+})
+"""One node's part of a gang lease (TrainingPlacement and TrainingJob ``parts``)."""
 
 SPECS: Mapping[str, Object] = {
     "NodeFlags": Object({
@@ -223,6 +233,8 @@ SPECS: Mapping[str, Object] = {
             "expires_unix": required(Number(gt=0), "when the lease lapses (s since epoch)"),
         }, nullable=True), None, "soft lease; expired = the job may move"),
         "progress": Field(Number(ge=0, le=1), 0.0, "fraction done"),
+        "parts": Field(ListOf(_PART, max_len=256, unique=False), [],
+                       "a gang's nodes in rank order; [] = the one part above"),
     }),
     "TrainingJob": Object({
         "job": required(Raw(nullable=False), "the spec as submitted"),
@@ -231,6 +243,8 @@ SPECS: Mapping[str, Object] = {
         "node": Field(Text(0, 256), "", "node of the current or last lease"),
         "gpus": Field(ListOf(Text(1, 128)), [], "its GPUs (or CPU slots)"),
         "token": Field(Integer(ge=0), 0, "its fencing token"),
+        "parts": Field(ListOf(_PART, max_len=256, unique=False), [],
+                       "every node of the current or last lease, in rank order"),
         "progress": Field(Number(ge=0, le=1), 0.0, "fraction done"),
         "step": Field(Integer(ge=0), 0, "training step last reported"),
         "loss": Field(Number(nullable=True), None, "loss last reported"),

@@ -120,7 +120,8 @@ def test_defaults_of_every_kind() -> None:
         "failure_ratio": 0.5, "failure_min": 10, "failure_seconds": 30.0,
         "lift_after_seconds": 600.0}
     assert spec_of("TrainingPlacement") == {"node": "n1", "gpus": [], "vram_mb": 0,
-                                            "state": "pending", "lease": None, "progress": 0.0}
+                                            "state": "pending", "lease": None, "progress": 0.0,
+                                                "parts": []}
     assert defaults("NodeFlags") == spec_of("NodeFlags")
     with pytest.raises(PolicyError):
         defaults("SloClass")  # deadline_ms is required

@@ -25,7 +25,12 @@ def gpu_trainer(node: str, count: int, schedulable: bool = True) -> Trainer:
 
 
 def placed(cmds: list[dict[str, Any]]) -> dict[str, tuple[str, list[str]]]:
-    return {c["job"]: (c["node"], c["gpus"]) for c in cmds if c["op"] == "acquire"}
+    out = {}
+    for c in cmds:
+        if c["op"] == "acquire":
+            [part] = c["parts"]  # these jobs fit on one node
+            out[c["job"]] = (part["node"], part["gpus"])
+    return out
 
 
 def test_higher_priority_then_older_jobs_take_the_free_gpus_first() -> None:
@@ -87,3 +92,25 @@ def test_tenant_quotas_hold_jobs_back_and_let_others_go_ahead() -> None:
     assert set(got) == {"t3", "o1"}
     assert placed(plan(jobs, placements, trainers, 10.0)).keys() == {"t2", "t3", "o1"}
     assert placed(plan(jobs, placements, trainers, 10.0, quotas={"team": 0})).keys() == {"o1"}
+
+
+def test_gpu_trainers_offer_each_gpu_or_each_mig_slice() -> None:
+    from adapters.model import GpuState, MigProfile
+    from meshd.train.scheduler import gpu_slots
+
+    gib = 1 << 30
+    whole = GpuState("GPU-a", 0, "NVIDIA L4", 24 * gib, 20 * gib, sm_util=50.0)
+    a100 = "NVIDIA A100-SXM4-40GB"
+    carved = GpuState("GPU-b", 1, a100, 40 * gib, 40 * gib, mig=(
+        MigProfile("MIG-1", "1g.5gb", 5 * gib, 5 * gib),
+        MigProfile("MIG-2", "3g.20gb", 20 * gib, 19 * gib)))
+    slots = gpu_slots("n", [whole, carved], "z")
+    assert [(s.gpu, s.gpu_type, s.vram_total_mb, s.vram_free_mb) for s in slots] == [
+        ("GPU-a", "NVIDIA L4", 24576, 20480), ("MIG-1", f"{a100} MIG 1g.5gb", 5120, 5120),
+        ("MIG-2", f"{a100} MIG 3g.20gb", 20480, 19456)]
+    assert slots[0].inference_load == 0.5 and slots[0].zone == "z"
+    spec = parse_job({"id": "s", "model": "m", "command": ["x"],
+                      "gpus": {"count": 1, "type": f"{a100} MIG 3g.20gb"}}).doc
+    j = {"name": "s", "job": spec, "state": "queued", "submitted_at": 1.0, "tried": [],
+         "token": 0, "cancel": False}
+    assert placed(plan([j], {}, [Trainer("n", slots)], 2.0)) == {"s": ("n", ["MIG-2"])}

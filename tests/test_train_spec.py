@@ -16,7 +16,7 @@ GOOD = {"id": "ft-1", "model": "llama-3.1-8b",
 def test_a_minimal_spec_gets_every_default() -> None:
     job = parse_job(GOOD)
     assert job.id == "ft-1"
-    assert job.doc["gpus"] == {"count": 1, "min_free_vram_mb": 0, "type": ""}
+    assert job.doc["gpus"] == {"count": 1, "min_free_vram_mb": 0, "type": "", "nodes": 0}
     assert (job.doc["tenant"], job.doc["priority"], job.doc["on_drain"]) == ("default", 5,
                                                                              "finish")
     assert job.work_seconds() == DEFAULT_WORK_SECONDS

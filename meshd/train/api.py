@@ -20,7 +20,7 @@ from meshd.policy_api import _caller, _timeout, commit
 from meshd.train.board import FINAL
 from meshd.train.logs import DEFAULT_TAIL, MAX_TAIL, read_tail
 from meshd.train.placement import Unplaceable, rank
-from meshd.train.scheduler import slots_wanted, split_slots
+from meshd.train.scheduler import split_slots
 from meshd.train.service import TrainService
 from meshd.train.spec import JobSpec, parse_job
 from policy.document import load_values
@@ -38,7 +38,7 @@ def job_status(stored: StoredDoc, version: int) -> admin_pb2.JobStatus:
     out = admin_pb2.JobStatus(
         id=stored.document.name, state=s["state"], attempt=s["attempt"], node=s["node"],
         gpus=s["gpus"], progress=s["progress"], step=s["step"], message=s["message"],
-        checkpoint=s["checkpoint"], tried=s["tried"],
+        checkpoint=s["checkpoint"], tried=s["tried"], nodes=[p["node"] for p in s["parts"]],
         document_json=json.dumps(stored.to_dict()), version=version)
     if s["loss"] is not None:
         out.loss = s["loss"]
@@ -158,12 +158,13 @@ def _never_fits(spec: JobSpec, train: TrainService) -> str:
     if not trainers:
         return "no trainer in the mesh (start meshd --role trainer)"
     try:
-        rank(spec.needs(), split_slots(trainers)[spec.cpu_only], limit=1)
+        rank(spec.needs(), split_slots(trainers)[spec.cpu_only], limit=1,
+             rtt=lambda a, b: 0.0)  # whether any nodes could, wherever they are
     except Unplaceable as exc:
         return f"gpus.count: {exc}"
     tenant = spec.doc["tenant"]
     limit = train.quotas().get(tenant)
-    if limit is not None and slots_wanted(spec.doc) > limit:
+    if limit is not None and spec.slots > limit:
         return (f"gpus.count: tenant {tenant!r} may hold {limit} GPU(s) for training at once "
-                f"(TenantQuota training_gpus); the job needs {slots_wanted(spec.doc)}")
+                f"(TenantQuota training_gpus); the job needs {spec.slots}")
     return ""

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from meshd.train.leases import LeaseTable
+from meshd.train.leases import Lease, LeaseTable
 from meshd.train.spec import parse_job
 from policy.errors import PolicyError
 from policy.fields import MAX_LIST, Integer, Number, Text
@@ -140,13 +140,13 @@ class PlacementStore(PolicyStore):
             tried = list(spec["tried"])
             if before is not None and before.token != lease.token:
                 tried.append(before.node)  # a lapsed lease reaped by this grant
+            where = ", ".join(p.node for p in lease.parts)
             changes: dict[str, Any] = {
                 "state": "placed", "attempt": spec["attempt"] + 1, "node": lease.node,
                 "gpus": list(lease.gpus), "token": lease.token, "tried": tried,
-                "ran_on": [*spec["ran_on"], lease.node][-MAX_LIST:],
-                "message": f"placed on {lease.node} (attempt {spec['attempt'] + 1})"}
-            self._put_placement(name, lease.node, list(lease.gpus), "pending", lease.holder,
-                                lease.expires_at, 0.0, at, author)
+                "parts": _parts(lease), "ran_on": [*spec["ran_on"], lease.node][-MAX_LIST:],
+                "message": f"placed on {where} (attempt {spec['attempt'] + 1})"}
+            self._put_placement(name, lease, "pending", at, author)
         elif op == "renew":
             assert lease is not None
             changes = {"state": "running", "progress": lease.progress, "step": lease.step}
@@ -154,9 +154,14 @@ class PlacementStore(PolicyStore):
                 changes["started_at"] = now
                 changes["message"] = f"running on {lease.node}"
             changes.update(_report(cmd))
-            self._put_placement(name, lease.node, list(lease.gpus), "running", lease.holder,
-                                lease.expires_at, lease.progress, at, author)
+            self._put_placement(name, lease, "running", at, author)
             result = {**result, "cancel": spec["cancel"]}
+        elif op == "release" and not result["final"]:  # one rank of a gang ended
+            assert lease is not None
+            changes = {"parts": _parts(lease), "message": _TEXT(cmd.get("message", ""),
+                                                                 "message")
+                       or f"the rank on {cmd['node']} ended: {result['outcome']}"}
+            self._put_placement(name, lease, "running", at, author)
         elif op == "release":
             outcome = result["outcome"]
             if spec["cancel"] and outcome != "done":
@@ -171,19 +176,20 @@ class PlacementStore(PolicyStore):
                     changes["progress"] = 1.0
             self._delete_placement(name, at, author)
         else:  # expire
-            tried = [*spec["tried"], result["node"]]
+            tried = [*spec["tried"], *result["lapsed"]]
+            on = ", ".join(result["lapsed"])
             lapsed = len(tried)
-            if spec["cancel"]:
-                changes = {"state": "cancelled", "ended_at": now, "tried": tried,
-                           "message": f"cancelled; the lease on {result['node']} lapsed"}
+            if spec["cancel"] or result["outcome"] in FINAL:
+                state = "cancelled" if spec["cancel"] else result["outcome"]
+                changes = {"state": state, "ended_at": now, "tried": tried,
+                           "message": f"{state}; the lease on {on} lapsed"}
             elif lapsed >= MAX_ATTEMPTS:
                 changes = {"state": "failed", "ended_at": now, "tried": tried,
-                           "message": f"{lapsed} leases lapsed (last on {result['node']}); "
-                                      "giving up"}
+                           "message": f"{lapsed} leases lapsed (last on {on}); giving up"}
             else:
                 changes = {"state": "queued", "tried": tried,
-                           "message": f"the lease on {result['node']} lapsed; re-queued "
-                                      "to resume from its last checkpoint"}
+                           "message": f"the lease on {on} lapsed; re-queued to resume from "
+                                      "its last checkpoint"}
             self._delete_placement(name, at, author)
         version = self._update(self.get("TrainingJob", name) or job, changes, at, author)
         return {**result, "version": version}
@@ -204,12 +210,13 @@ class PlacementStore(PolicyStore):
     def _update(self, job: StoredDoc, changes: dict[str, Any], at: float, author: str) -> int:
         return self._put_job(job.document.name, {**job.document.spec, **changes}, at, author)
 
-    def _put_placement(self, name: str, node: str, gpus: list[str], state: str, holder: str,
-                       expires_at: float, progress: float, at: float, author: str) -> None:
+    def _put_placement(self, name: str, lease: Lease, state: str, at: float,
+                       author: str) -> None:
         self._store(validate({"kind": "TrainingPlacement", "name": name, "spec": {
-            "node": node, "gpus": gpus,
-            "state": state, "progress": progress,
-            "lease": {"holder": holder, "expires_unix": max(expires_at, 1e-3)}}}), at, author)
+            "node": lease.node, "gpus": list(lease.gpus), "parts": _parts(lease),
+            "state": state, "progress": lease.progress,
+            "lease": {"holder": lease.holder, "expires_unix": max(lease.expires_at, 1e-3)}}}),
+            at, author)
 
     def _delete_placement(self, name: str, at: float, author: str) -> None:
         if self.get("TrainingPlacement", name) is not None:
@@ -229,6 +236,10 @@ class PlacementStore(PolicyStore):
         table = LeaseTable.restore(leases) if isinstance(leases, dict) else LeaseTable()
         super().load(data)
         self.leases = table
+
+
+def _parts(lease: Lease) -> list[dict[str, Any]]:
+    return [{"node": p.node, "gpus": list(p.gpus), "outcome": p.outcome} for p in lease.parts]
 
 
 def _report(cmd: dict[str, Any]) -> dict[str, Any]:

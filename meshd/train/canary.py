@@ -82,7 +82,8 @@ def runs(root: Path) -> list[Run]:
 
 
 def audit(found: list[Run]) -> list[str]:
-    """Every pair of runs that held one job, or one (node, slot), at the same time."""
+    """Every pair of runs that held one job, or one (node, slot), at the same time (the
+    ranks of one gang - one token, on different nodes - are one run of the job)."""
     groups: dict[tuple[str, ...], list[Run]] = defaultdict(list)
     for r in found:
         groups[("job", r.job)].append(r)
@@ -95,7 +96,8 @@ def audit(found: list[Run]) -> list[str]:
             for b in members[i + 1:]:
                 if b.start >= a.end:
                     break
-                if a.path != b.path:
+                if a.path != b.path and not (key[0] == "job" and a.token == b.token
+                                             and a.node != b.node):  # a gang's ranks
                     problems.append(f"{'/'.join(key)}: {a.job}@{a.node} token {a.token} "
                                     f"[{a.start:.3f}, {a.end:.3f}] overlaps {b.job}@{b.node} "
                                     f"token {b.token} [{b.start:.3f}, {b.end:.3f}] by "

@@ -6,16 +6,29 @@ bad command is an error *result*, the same everywhere.  Time is the ``at`` the l
 on the command; the table never lets it go back (a new leader's clock may be behind the old
 one's), so a lease that has expired stays expired.
 
-``{"op": "acquire", "job", "holder", "node", "gpus": [...], "ttl", "start_timeout", "at"}``
-    grants the job a lease on ``node``'s ``gpus`` (``[]``: a CPU job) unless the job already
+``{"op": "acquire", "job", "holder", "parts": [{"node", "gpus"}, ...], "ttl",
+"start_timeout", "at"}``
+    grants the job a lease on each part's ``gpus`` (``[]``: a CPU slot) unless the job already
     holds one (``held``) or a live lease of another job covers one of them (``busy``, naming
-    it).  The lease runs ``start_timeout`` seconds until its first renewal, ``ttl`` after each.
-``{"op": "renew", "job", "token", "at", "progress", "step"}``
-    extends the lease ``token`` names; ``fenced`` if the job's lease is not that one any more,
-    ``expired`` if it lapsed (the trainer must have stopped: see :class:`LeaseKeeper`).
-``{"op": "release", "job", "token", "at", "outcome"}`` ends it (``done``, ``failed``, ...).
-``{"op": "expire", "job", "token", "at"}`` reaps a lease that has lapsed (``live`` if it has
-    not), so the scheduler can move its job; the trainer stopped on its own by then.
+    it).  One part is a job on one node; several are a **gang** over several nodes, in rank
+    order.  ``"node", "gpus"`` in place of ``parts`` is the one-part form.  Each part runs
+    ``start_timeout`` seconds until its first renewal, ``ttl`` after each.
+``{"op": "renew", "job", "token", "node", "at", "progress", "step"}``
+    extends the part on ``node`` (needed for gangs only) of the lease ``token`` names;
+    ``fenced`` if the job's lease is not that one any more or the part was released,
+    ``expired`` if the part lapsed (its trainer must have stopped: see :class:`LeaseKeeper`).
+    For a gang that is ending - a part lapsed, or was released other than ``done`` - the
+    grant carries ``stop``: why the other parts' trainers must stop their ranks too.
+``{"op": "release", "job", "token", "node", "at", "outcome"}`` ends the part (``done``,
+    ``failed``, ...) and frees its GPUs; the lease ends with its last part (``final``), with
+    the first outcome other than ``done`` any part gave, else ``done``.
+``{"op": "expire", "job", "token", "at"}`` reaps a lease whose every part has lapsed or was
+    released (``live`` if not), so the scheduler can move its job; its trainers stopped on
+    their own by then.
+
+**Gangs** keep every part's own expiry: a part's GPUs stay leased until that part's trainer
+has stopped (released, or lapsed by its keeper's rule), never because another part ended.
+So the fencing argument below holds per part, and a gang is as safe as a single lease.
 
 **Fencing tokens** are one counter over the whole table, so a token names exactly one grant
 ever made: a trainer whose lease was taken over holds a smaller token than the new holder's,
@@ -37,40 +50,106 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from policy.errors import PolicyError
-from policy.fields import Choice, Integer, ListOf, Number, Text
+from policy.fields import Choice, Field, Integer, ListOf, Number, Object, Text, required
 
 OUTCOMES = ("done", "failed", "cancelled", "preempted", "moved")
 """What a released lease ended with."""
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 MAX_TTL = 86400.0
 """Longest ``ttl`` or ``start_timeout`` accepted, in seconds."""
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
-    """One job's hold on one node's GPUs."""
+class Part:
+    """One node's share of a lease: its GPUs, renewed by that node's trainer."""
 
-    job: str
-    holder: str
     node: str
     gpus: tuple[str, ...]
-    token: int
-    granted_at: float
     expires_at: float
-    ttl: float
-    """Seconds each renewal extends the lease by."""
     renewals: int = 0
-    progress: float = 0.0
-    step: int = 0
+    outcome: str = ""
+    """Set when the part's trainer released it (its rank has exited)."""
 
     @property
     def resources(self) -> tuple[str, ...]:
-        """``node/gpu`` for each GPU: what no other live lease may cover."""
         return tuple(f"{self.node}/{g}" for g in self.gpus)
 
     def live(self, at: float) -> bool:
-        return at < self.expires_at
+        return not self.outcome and at < self.expires_at
+
+    def lapsed(self, at: float) -> bool:
+        """Expired without a release: its trainer was cut off, frozen or died."""
+        return not self.outcome and at >= self.expires_at
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One job's hold on GPUs: one part per node, in rank order (one part unless a gang)."""
+
+    job: str
+    holder: str
+    parts: tuple[Part, ...]
+    token: int
+    granted_at: float
+    ttl: float
+    """Seconds each renewal extends a part by."""
+    progress: float = 0.0
+    step: int = 0
+    outcome: str = ""
+    """The first outcome other than ``done`` a part was released with."""
+
+    @property
+    def node(self) -> str:
+        """Rank 0's node."""
+        return self.parts[0].node
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        """Rank 0's GPUs."""
+        return self.parts[0].gpus
+
+    @property
+    def expires_at(self) -> float:
+        """When the last unreleased part lapses (the lease may be reaped after)."""
+        return max((p.expires_at for p in self.parts if not p.outcome), default=self.granted_at)
+
+    @property
+    def renewals(self) -> int:
+        return sum(p.renewals for p in self.parts)
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """``node/gpu`` for each GPU of an unreleased part: what no other live lease may
+        cover."""
+        return tuple(r for p in self.parts if not p.outcome for r in p.resources)
+
+    def live(self, at: float) -> bool:
+        """Some part's trainer may still be running its rank."""
+        return any(p.live(at) for p in self.parts)
+
+    def part(self, node: str | None) -> int:
+        """Index of the part on ``node`` (``None``: the only part)."""
+        if node is None:
+            if len(self.parts) > 1:
+                raise PolicyError("node", f"job {self.job!r} runs on "
+                                          f"{len(self.parts)} nodes; name the part's node")
+            return 0
+        for i, p in enumerate(self.parts):
+            if p.node == node:
+                return i
+        raise _Refused("fenced", "node", f"no part of job {self.job!r} (token {self.token}) "
+                                         f"is on {node!r}")
+
+    def stopping(self, at: float) -> str:
+        """Why a gang's running parts must stop (a part lapsed, or ended other than done);
+        empty when none must."""
+        for p in self.parts:
+            if p.lapsed(at):
+                return f"the rank on {p.node} lost its lease"
+            if p.outcome and p.outcome != "done":
+                return f"the rank on {p.node} ended: {p.outcome}"
+        return ""
 
 
 class LeaseTable:
@@ -105,10 +184,17 @@ class LeaseTable:
             return _error("internal", "", f"{type(exc).__name__}: {exc}")
 
     def _acquire(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        job, holder, node = (_NAME(cmd.get(k), k) for k in ("job", "holder", "node"))
-        gpus = _GPUS(cmd.get("gpus", []), "gpus")
-        if len(set(gpus)) != len(gpus):
-            raise PolicyError("gpus", "must be distinct GPU ids")
+        job, holder = _NAME(cmd.get("job"), "job"), _NAME(cmd.get("holder"), "holder")
+        if "parts" in cmd:
+            parts = [(p["node"], p["gpus"]) for p in _PARTS(cmd["parts"], "parts")]
+        else:
+            parts = [(_NAME(cmd.get("node"), "node"), _GPUS(cmd.get("gpus", []), "gpus"))]
+        if len({n for n, _ in parts}) != len(parts):
+            raise PolicyError("parts", "must be on distinct nodes")
+        for i, (_, gpus) in enumerate(parts):
+            if len(set(gpus)) != len(gpus):
+                raise PolicyError("gpus" if "parts" not in cmd else f"parts[{i}].gpus",
+                                  "must be distinct GPU ids")
         ttl = _TTL(cmd.get("ttl"), "ttl")
         start = _TTL(cmd["start_timeout"], "start_timeout") if "start_timeout" in cmd else ttl
         now = self.now
@@ -116,7 +202,7 @@ class LeaseTable:
         if current is not None and current.live(now):
             raise _Refused("held", "job", f"job {job!r} is held by {current.holder!r} "
                            f"(token {current.token}) until {current.expires_at:.3f}")
-        resources = [f"{node}/{g}" for g in gpus]
+        resources = [f"{node}/{g}" for node, gpus in parts for g in gpus]
         for r in resources:
             other = self.owner.get(r)
             if other is not None and other != job and self.leases[other].live(now):
@@ -127,50 +213,79 @@ class LeaseTable:
             if other is not None:
                 self._drop(other)  # expired: reaped now
         self.token += 1
-        lease = Lease(job, holder, node, tuple(gpus), self.token, now, now + start, ttl)
+        lease = Lease(job, holder, tuple(Part(n, tuple(g), now + start) for n, g in parts),
+                      self.token, now, ttl)
         self.leases[job] = lease
         for r in resources:
             self.owner[r] = job
         return {"ok": True, "token": lease.token, "expires_at": lease.expires_at}
 
     def _renew(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        lease = self._held(cmd, allow_expired=False)
-        progress = _PROGRESS(cmd["progress"], "progress") if "progress" in cmd \
-            else lease.progress
-        step = _STEP(cmd["step"], "step") if "step" in cmd else lease.step
-        renewed = replace(lease, expires_at=self.now + lease.ttl,
-                          renewals=lease.renewals + 1, progress=progress, step=step)
+        lease, i = self._part(cmd)
+        part = lease.parts[i]
+        if not part.live(self.now):
+            raise _Refused("expired", "token", f"the lease of job {lease.job!r} on "
+                           f"{part.node!r} lapsed at {part.expires_at:.3f}")
+        progress, step = lease.progress, lease.step
+        if i == 0:  # rank 0 speaks for the job's progress
+            progress = _PROGRESS(cmd["progress"], "progress") if "progress" in cmd \
+                else progress
+            step = _STEP(cmd["step"], "step") if "step" in cmd else step
+        parts = list(lease.parts)
+        parts[i] = replace(part, expires_at=self.now + lease.ttl, renewals=part.renewals + 1)
+        renewed = replace(lease, parts=tuple(parts), progress=progress, step=step)
         self.leases[lease.job] = renewed
-        return {"ok": True, "token": renewed.token, "expires_at": renewed.expires_at,
-                "ttl": renewed.ttl}
+        out = {"ok": True, "token": renewed.token, "expires_at": parts[i].expires_at,
+               "ttl": renewed.ttl}
+        stop = renewed.stopping(self.now)
+        return {**out, "stop": stop} if stop else out
 
     def _release(self, cmd: dict[str, Any]) -> dict[str, Any]:
         outcome = _OUTCOME(cmd.get("outcome"), "outcome")
-        lease = self._held(cmd, allow_expired=True)
-        self._drop(lease.job)
-        return {"ok": True, "token": lease.token, "outcome": outcome}
+        lease, i = self._part(cmd)
+        parts = list(lease.parts)
+        parts[i] = replace(parts[i], outcome=outcome)
+        for r in parts[i].resources:
+            if self.owner.get(r) == lease.job:
+                del self.owner[r]
+        ended = replace(lease, parts=tuple(parts),
+                        outcome=lease.outcome or ("" if outcome == "done" else outcome))
+        if all(p.outcome for p in parts):
+            self._drop(lease.job)
+            return {"ok": True, "token": lease.token, "outcome": ended.outcome or "done",
+                    "final": True}
+        self.leases[lease.job] = ended
+        return {"ok": True, "token": lease.token, "outcome": outcome, "final": False}
 
     def _expire(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        lease = self._held(cmd, allow_expired=True)
+        lease = self._held(cmd)
         if lease.live(self.now):
             raise _Refused("live", "token", f"the lease of job {lease.job!r} runs until "
                            f"{lease.expires_at:.3f}")
         self._drop(lease.job)
-        return {"ok": True, "token": lease.token, "node": lease.node}
+        return {"ok": True, "token": lease.token, "node": lease.node, "outcome": lease.outcome,
+                "lapsed": [p.node for p in lease.parts if not p.outcome]}
 
-    def _held(self, cmd: dict[str, Any], allow_expired: bool) -> Lease:
-        """The job's lease, if ``cmd['token']`` still names it; else refused (``fenced``, or
-        ``expired`` unless ``allow_expired``)."""
+    def _held(self, cmd: dict[str, Any]) -> Lease:
+        """The job's lease, if ``cmd['token']`` still names it; else refused (``fenced``)."""
         job, token = _NAME(cmd.get("job"), "job"), _TOKEN(cmd.get("token"), "token")
         lease = self.leases.get(job)
         if lease is None or lease.token != token:
             held = f"token {lease.token}" if lease is not None else "no lease"
             raise _Refused("fenced", "token", f"token {token} no longer holds job {job!r} "
                            f"({held})")
-        if not allow_expired and not lease.live(self.now):
-            raise _Refused("expired", "token", f"the lease of job {job!r} lapsed at "
-                           f"{lease.expires_at:.3f}")
         return lease
+
+    def _part(self, cmd: dict[str, Any]) -> tuple[Lease, int]:
+        """The lease ``cmd`` names and the index of its part on ``cmd['node']``, which must
+        not have been released (``fenced``)."""
+        lease = self._held(cmd)
+        node = _NAME(cmd["node"], "node") if cmd.get("node") is not None else None
+        i = lease.part(node)
+        if lease.parts[i].outcome:
+            raise _Refused("fenced", "node", f"the part of job {lease.job!r} on "
+                           f"{lease.parts[i].node!r} was released ({lease.parts[i].outcome})")
+        return lease, i
 
     def _drop(self, job: str) -> None:
         lease = self.leases.pop(job, None)
@@ -191,22 +306,30 @@ class LeaseTable:
 
     def snapshot(self) -> dict[str, Any]:
         return {"format": SNAPSHOT_FORMAT, "token": self.token, "now": self.now,
-                "leases": [[lease.job, lease.holder, lease.node, list(lease.gpus), lease.token,
-                            lease.granted_at, lease.expires_at, lease.ttl, lease.renewals,
-                            lease.progress, lease.step]
+                "leases": [[lease.job, lease.holder, lease.token, lease.granted_at, lease.ttl,
+                            lease.progress, lease.step, lease.outcome,
+                            [[p.node, list(p.gpus), p.expires_at, p.renewals, p.outcome]
+                             for p in lease.parts]]
                            for lease in self.leases.values()]}
 
     @classmethod
     def restore(cls, data: dict[str, Any]) -> LeaseTable:
-        if data.get("format") != SNAPSHOT_FORMAT:
+        if data.get("format") not in (1, SNAPSHOT_FORMAT):
             raise ValueError(f"lease snapshot format {data.get('format')!r} is not "
                              f"{SNAPSHOT_FORMAT}")
         table = cls()
         table.token, table.now = int(data["token"]), float(data["now"])
         for row in data["leases"]:
-            job, holder, node, gpus, token, granted, expires, ttl, renewals, progress, step = row
-            lease = Lease(job, holder, node, tuple(gpus), int(token), float(granted),
-                          float(expires), float(ttl), int(renewals), float(progress), int(step))
+            if data["format"] == 1:  # one part per lease
+                job, holder, node, gpus, token, granted, expires, ttl, renewals, progress, \
+                    step = row
+                row = [job, holder, token, granted, ttl, progress, step, "",
+                       [[node, gpus, expires, renewals, ""]]]
+            job, holder, token, granted, ttl, progress, step, outcome, parts = row
+            lease = Lease(job, holder, tuple(Part(n, tuple(g), float(e), int(r), o)
+                                             for n, g, e, r, o in parts),
+                          int(token), float(granted), float(ttl), float(progress), int(step),
+                          outcome)
             table.leases[job] = lease
             for r in lease.resources:
                 table.owner[r] = job
@@ -220,6 +343,9 @@ _OPS = {"acquire": LeaseTable._acquire, "renew": LeaseTable._renew,
 _AT = Number(ge=0)
 _NAME = Text(1, 256)
 _GPUS = ListOf(Text(1, 128), unique=False)  # duplicates are refused naming "gpus" itself
+_PARTS = ListOf(Object({"node": required(_NAME, "the part's node"),
+                         "gpus": Field(_GPUS, [], "its GPUs; [] = a CPU slot")}),
+                max_len=256, unique=False)
 _TTL = Number(gt=0, le=MAX_TTL)
 _PROGRESS = Number(ge=0, le=1)
 _STEP = Integer(ge=0)

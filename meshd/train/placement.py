@@ -18,7 +18,10 @@ A candidate's cost is in seconds, so its parts add up and read plainly:
   its nodes times the collective rounds the job expects; 0 on one node.
 
 A gang prefers one node: its GPUs share a host, and no RTT is paid.  Only when no node has
-enough eligible GPUs are nodes combined, within one zone first.
+enough eligible GPUs are nodes combined, within one zone first.  A job that asks for
+``nodes`` (a ``torchrun --nnodes`` job) gets exactly that many, with an equal share of its
+GPUs on each; the node set is grown from each of the cheapest few nodes by adding the one that
+costs least counting its RTT to the set, so a far node joins only when it is much less busy.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class Needs:
     """Zones the job may run in; empty = any."""
     collective_rounds: float = 1000.0
     """Synchronizations a multi-node gang expects (each pays the ring's RTT)."""
+    nodes: int = 0
+    """Exactly this many nodes, ``gpus / nodes`` GPUs on each; 0 = as few as fit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +122,8 @@ def rank(needs: Needs, slots: Iterable[GpuSlot], *, excluded_nodes: Collection[s
     """
     if needs.gpus < 1:
         raise ValueError("needs.gpus must be >= 1")
+    if needs.nodes > 1:
+        return _gang(needs, slots, excluded_nodes, busy, rtt or _no_rtt, limit)
     by_node: dict[str, list[tuple[float, str, GpuSlot]]] = defaultdict(list)
     could: dict[str, int] = defaultdict(int)
     for slot in slots:
@@ -146,6 +153,81 @@ def rank(needs: Needs, slots: Iterable[GpuSlot], *, excluded_nodes: Collection[s
         out = _spread(needs, by_node, rtt)
     out.sort(key=lambda x: (x[0], x[1]))
     return [c for _, _, c in out[:limit]]
+
+
+GANG_SEEDS = 8
+"""Cheapest nodes a fixed-size gang's node set is grown from."""
+GANG_POOL = 16
+"""A fixed-size gang of ``n`` nodes is chosen among the ``GANG_POOL + 4n`` cheapest: a busier
+node would only join for a shorter RTT, and that leaves several near sets to choose from
+while the RTTs looked up stay few (each is a Vivaldi estimate)."""
+
+
+def _no_rtt(a: str, b: str) -> float:
+    return 0.0
+
+
+def _gang(needs: Needs, slots: Iterable[GpuSlot], excluded_nodes: Collection[str],
+          busy: Collection[tuple[str, str]], rtt: Callable[[str, str], float],
+          limit: int) -> list[Candidate]:
+    """Candidates of exactly ``needs.nodes`` nodes with ``gpus / nodes`` GPUs each."""
+    per, rem = divmod(needs.gpus, needs.nodes)
+    if per < 1 or rem:
+        raise ValueError("needs.gpus must be a multiple of needs.nodes")
+    could: dict[str, int] = defaultdict(int)
+    free: dict[str, list[tuple[float, str, GpuSlot]]] = defaultdict(list)
+    for slot in slots:
+        if not eligible(needs, slot):
+            continue
+        could[slot.node] += 1
+        if not (slot.node in excluded_nodes or (slot.node, slot.gpu) in busy
+                or slot.vram_free_mb < needs.min_free_vram_mb):
+            free[slot.node].append((slot_cost(needs, slot), slot.gpu, slot))
+    if sum(1 for n in could.values() if n >= per) < needs.nodes:
+        raise Unplaceable(
+            f"no {needs.nodes} nodes in the fleet have {per} matching GPU(s) each (type "
+            f"{needs.gpu_type or 'any'}, >= {needs.min_free_vram_mb} MiB, zones "
+            f"{list(needs.zones) or 'any'}): {sum(1 for n in could.values() if n >= per)} do")
+    best: dict[str, tuple[float, tuple[tuple[float, str, GpuSlot], ...]]] = {}
+    for node, costs in free.items():
+        if len(costs) >= per:
+            chosen = tuple(heapq.nsmallest(per, costs))
+            best[node] = (max(c for c, _, _ in chosen), chosen)
+    cheapest = sorted(best, key=lambda n: (best[n][0], n))[:GANG_POOL + 4 * needs.nodes]
+    cost = {n: best[n][0] for n in cheapest}
+    rounds = needs.collective_rounds
+    known: dict[tuple[str, str], float] = {}
+
+    def dist(a: str, b: str) -> float:
+        key = (a, b) if a < b else (b, a)
+        if key not in known:
+            known[key] = rtt(*key)
+        return known[key]
+
+    groups: dict[tuple[str, ...], float] = {}
+    for seed in cheapest[:GANG_SEEDS]:
+        group = [seed]
+        near = {n: dist(seed, n) for n in cheapest if n != seed}  # RTT to the group
+        while len(group) < needs.nodes and near:
+            nxt = min(near, key=lambda n: (cost[n] + rounds * near[n], n))
+            group.append(nxt)
+            del near[nxt]
+            for n in near:
+                d = dist(nxt, n)
+                if d < near[n]:
+                    near[n] = d
+        key = tuple(sorted(group))
+        if len(group) == needs.nodes and key not in groups:
+            # the order the group grew in is a fair ring; the best few get the real one
+            groups[key] = max(cost[n] for n in group) + rounds * ring_rtt(group, dist)
+    out = []
+    for key in sorted(groups, key=lambda k: (groups[k], k))[:limit]:
+        ring = ring_order(key, dist)
+        comm = ring_rtt(ring, dist) * rounds
+        slowest = max(cost[n] for n in ring)
+        picked = tuple(s for n in ring for _, _, s in sorted(best[n][1], key=lambda c: c[1]))
+        out.append(Candidate(picked, slowest + comm, {"slowest": slowest, "comm": comm}))
+    return sorted(out, key=lambda c: (c.cost, c.nodes))
 
 
 def _spread(needs: Needs, by_node: dict[str, list[tuple[float, str, GpuSlot]]],

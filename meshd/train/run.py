@@ -10,8 +10,19 @@ frozen.  Handing a job back (cancel, drain-migrate) is graceful: SIGTERM, ``STOP
 seconds to checkpoint and exit, then SIGKILL; the lease is renewed until the child is gone.
 
 The child's stdout is read line by line: a JSON object with ``step``, ``loss``, ``progress``,
-``checkpoint`` or ``message`` is progress (sent with the next renewal); every line also goes
-to ``<data dir>/jobs/<id>/attempt-<n>.log``.
+``checkpoint`` or ``message`` is progress (sent with the next renewal); ``{"comm": {op,
+seconds, bytes, ...}}`` is a collective's timing (published in the node's signals, and fed
+back into placement: :mod:`meshd.train.links`); every line also goes to
+``<data dir>/jobs/<id>/attempt-<n>.log``.
+
+**Gangs.**  A job over several nodes runs one rank per node, each under this node's part of
+the lease.  The rank learns its place from its environment (``MESHD_RANK``,
+``MESHD_NNODES``, ``MESHD_RING``: the nodes in ring order, ``MESHD_RING_ADDRS``,
+``MESHD_COMM_PORT``; and torchrun's ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``,
+``NNODES``).  When one rank's part ends other than ``done`` or lapses, the others' renewals
+say ``stop`` and their ranks are stopped gracefully too.  A rank (or any job) that exits with
+``EXIT_RETRY`` (75, EX_TEMPFAIL: a peer vanished, say) is handed back to resume elsewhere
+from its last checkpoint rather than failed.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adapters.model import CommStats
 from consensus.group import ConsensusError
 from meshd.train.leases import LeaseKeeper
 from meshd.train.logs import log_path
@@ -43,6 +55,13 @@ RETRY = 0.5
 """Seconds between renewal attempts that failed for want of a quorum or leader."""
 STOP_GRACE = 10.0
 """Seconds a job handed back (cancel, drain-migrate) gets between SIGTERM and SIGKILL."""
+EXIT_RETRY = 75
+"""Exit code (EX_TEMPFAIL) by which a job asks to be moved rather than failed."""
+COMM_PORT_BASE = 20000
+COMM_PORT_SPAN = 150
+"""A gang's ranks listen on ``COMM_PORT_BASE + (token % COMM_PORT_SPAN) * 64 + rank``: ports
+that differ between gangs sharing a host (unless their tokens are 150 apart) and stay below
+the usual ephemeral range."""
 
 
 class JobRun:
@@ -55,7 +74,10 @@ class JobRun:
         self.token: int = job["token"]
         self.attempt: int = job["attempt"]
         self.spec: dict[str, Any] = job["job"]
-        self.gpus: list[str] = list(job["gpus"])
+        parts = job.get("parts") or [{"node": service.node, "gpus": job["gpus"]}]
+        self.ring: list[str] = [p["node"] for p in parts]
+        self.rank = self.ring.index(service.node)
+        self.gpus: list[str] = list(parts[self.rank]["gpus"])
         self.workdir = workdir
         self.keeper: LeaseKeeper | None = None
         self.proc: asyncio.subprocess.Process | None = None
@@ -67,6 +89,8 @@ class JobRun:
         """(outcome, message) to release with once the gracefully stopped child exits."""
         self.refused = ""
         """Why the table refused the first renewal (the lease was never ours to run)."""
+        self.gang_stop = ""
+        """Why the gang is ending (another rank's part ended or lapsed): stop ours too."""
         self._renewal: asyncio.Task[None] | None = None
         self._next_try = 0.0
         self._reader: asyncio.Task[None] | None = None
@@ -101,12 +125,17 @@ class JobRun:
                 if self.cancel:
                     await self._release("cancelled", "cancelled before it started")
                     return "cancelled"
+                if self.gang_stop:
+                    await self._release("moved", self.gang_stop)
+                    return "moved"
                 await self._start()
             if self.proc is not None and self.proc.returncode is not None:
                 return await self._exited(self.proc.returncode)
             if self.proc is not None and self.leaving is None:
                 if self.cancel:
                     self.stop(("cancelled", "cancelled"))
+                elif self.gang_stop:
+                    self.stop(("moved", self.gang_stop))
                 else:
                     self._drain()
             await asyncio.sleep(POLL)
@@ -137,6 +166,9 @@ class JobRun:
                 outcome = "done"  # it finished before it saw the stop
         elif rc == 0:
             outcome, message = "done", ""
+        elif rc == EXIT_RETRY:
+            outcome, message = "moved", (f"exit code {rc} (retry); see attempt-{self.attempt}"
+                                         f".log on {self.service.node}")
         elif k is not None and not k.may_run(time.monotonic()):
             return "cut off"  # the watchdog fenced it; the lease is lapsing, not ours to end
         else:
@@ -168,7 +200,8 @@ class JobRun:
         return cmd
 
     async def _renew(self, sent: float) -> None:
-        cmd = {"op": "renew", "job": self.name, "token": self.token, **self._payload()}
+        cmd = {"op": "renew", "job": self.name, "token": self.token, "node": self.service.node,
+               **self._payload()}
         try:
             result = await self.service.write(cmd)
         except ConsensusError as exc:
@@ -181,6 +214,7 @@ class JobRun:
                 self.keeper = LeaseKeeper(self.token, float(result["ttl"]))
             self.keeper.granted(sent)
             self.cancel = bool(result.get("cancel"))
+            self.gang_stop = str(result.get("stop") or "")
             if self.proc is not None:  # the watchdog keeps the latest it is told
                 self._tell(f"deadline {self.keeper.deadline!r}")
         else:
@@ -198,7 +232,8 @@ class JobRun:
     async def _release(self, outcome: str, message: str) -> None:
         try:
             await self.service.write({**self._payload(), "op": "release", "job": self.name,
-                                      "token": self.token, "outcome": outcome,
+                                      "token": self.token, "node": self.service.node,
+                                      "outcome": outcome,
                                       "message": message[:1024]})
         except ConsensusError as exc:  # the lease lapses instead; the job is placed again
             log.warning("lease release failed", extra={"event": "lease_release_failed",
@@ -220,11 +255,22 @@ class JobRun:
                "MESHD_LEASE_TOKEN": str(self.token), "MESHD_CHECKPOINT_DIR": checkpoints,
                "MESHD_HPARAMS": json.dumps(self.spec.get("hyperparameters", {})),
                "MESHD_MODEL": str(self.spec.get("model", "")),
-               "MESHD_NODE": self.service.node, "MESHD_SLOTS": ",".join(self.gpus)}
+               "MESHD_NODE": self.service.node, "MESHD_SLOTS": ",".join(self.gpus),
+               **self.gang_environment()}
         gpus = [g for g in self.gpus if not g.startswith("cpu")]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         return env
+
+    def gang_environment(self) -> dict[str, str]:
+        """Where this rank stands in its gang (a gang of one for a single-node job)."""
+        addrs = [self.service.address_of(n) or n for n in self.ring]
+        port = COMM_PORT_BASE + (self.token % COMM_PORT_SPAN) * 64
+        return {"MESHD_RANK": str(self.rank), "MESHD_NNODES": str(len(self.ring)),
+                "MESHD_RING": ",".join(self.ring), "MESHD_RING_ADDRS": ",".join(addrs),
+                "MESHD_COMM_PORT": str(port), "MASTER_ADDR": addrs[0],
+                "MASTER_PORT": str(port), "NODE_RANK": str(self.rank),
+                "NNODES": str(len(self.ring))}
 
     async def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -253,7 +299,23 @@ class JobRun:
                 except ValueError:
                     continue
                 if isinstance(doc, dict):
+                    comm = doc.pop("comm", None)
+                    if isinstance(comm, dict):
+                        self._comm(comm)
                     self.report = {**self.report, **doc}
+
+    def _comm(self, doc: dict[str, Any]) -> None:
+        """Publish one collective timing the job printed (malformed ones are dropped)."""
+        try:
+            stats = CommStats(
+                job=self.name, op=str(doc["op"])[:64], seconds=float(doc["seconds"]),
+                bytes=int(doc.get("bytes", 0)), algorithm=str(doc.get("algorithm", ""))[:64],
+                world_size=int(doc.get("world_size", len(self.ring))),
+                peers=tuple(self.ring), at=time.time())
+        except (KeyError, TypeError, ValueError):
+            return
+        if math.isfinite(stats.seconds) and stats.seconds >= 0 and 0 <= stats.bytes < 1 << 63:
+            self.service.report_comm(stats)
 
     def _tell(self, line: str) -> None:
         """One command to the child's watchdog (see :mod:`meshd.train.watchdog`)."""

@@ -16,6 +16,14 @@ It prints one JSON object per line on stdout, which the trainer turns into lease
 ``{"step", "loss", "progress", "checkpoint"}``.  On SIGTERM (the trainer hands the job back:
 cancel, or a drain with ``on_drain: migrate``) it checkpoints the step it is at and exits
 with 143, so the next attempt loses nothing.
+
+**Over several nodes** (``gpus.nodes`` > 1) it is data-parallel: every rank draws its own
+batches, the ranks sum their gradients with a ring all-reduce
+(:mod:`meshd.train.sample_ring`, over ``MESHD_RING_ADDRS``) and apply the mean.  Rank 0
+resumes from and writes the checkpoints (the start step and weights reach the other ranks
+through the ring), a SIGTERM on any rank stops every rank at the same step, and each rank
+prints the all-reduce's time every ``checkpoint_every`` steps as ``{"comm": {...}}``.  A
+rank whose peer vanished exits with 75 (``EXIT_RETRY``): the job moves, it does not fail.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from meshd.train.sample_ring import PeerLost, Ring
 
 DEFAULTS: dict[str, Any] = {"steps": 200, "lr": 0.5, "batch": 256, "features": 16, "seed": 0,
                             "checkpoint_every": 20, "step_seconds": 0.0}
@@ -71,33 +81,72 @@ def _save(directory: Path, step: int, w: np.ndarray) -> Path:
     return path
 
 
+EXIT_RETRY = 75
+"""Exit code asking the trainer to move the job (meshd.train.run.EXIT_RETRY)."""
+
+
 def main() -> int:
     hp = {**DEFAULTS, **json.loads(os.environ.get("MESHD_HPARAMS") or "{}")}
     directory = Path(os.environ.get("MESHD_CHECKPOINT_DIR") or ".")
     directory.mkdir(parents=True, exist_ok=True)
-    steps, every = int(hp["steps"]), max(1, int(hp["checkpoint_every"]))
-    x, y = _data(int(hp["features"]), int(hp["seed"]))
-    rng = np.random.default_rng(int(hp["seed"]) + 1)
-    found = latest_checkpoint(directory)
-    start, w = found if found is not None else (0, np.zeros(x.shape[1]))
+    rank, nodes = int(os.environ.get("MESHD_RANK", "0")), int(os.environ.get("MESHD_NNODES", "1"))
+    ring: Ring | None = None
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
-    if found is not None:
+    try:
+        if nodes > 1:
+            ring = Ring(rank, os.environ["MESHD_RING_ADDRS"].split(","),
+                        int(os.environ["MESHD_COMM_PORT"]),
+                        int(os.environ.get("MESHD_LEASE_TOKEN", "0")))
+        return _fit(hp, directory, rank, ring, stop)
+    except PeerLost as exc:
+        _emit({"message": f"rank {rank}: {exc}; handing the job back"})
+        return EXIT_RETRY
+    finally:
+        if ring is not None:
+            ring.close()
+
+
+def _fit(hp: dict[str, Any], directory: Path, rank: int, ring: Ring | None,
+         stop: list[int]) -> int:
+    steps, every = int(hp["steps"]), max(1, int(hp["checkpoint_every"]))
+    x, y = _data(int(hp["features"]), int(hp["seed"]))
+    rng = np.random.default_rng(int(hp["seed"]) + 1 + rank)
+    found = latest_checkpoint(directory) if rank == 0 else None
+    start, w = found if found is not None else (0, np.zeros(x.shape[1]))
+    if ring is not None:  # every rank starts from rank 0's checkpoint
+        got = ring.all_reduce(np.concatenate(([start], w)) if rank == 0
+                              else np.zeros(len(w) + 1))
+        start, w = int(got[0]), got[1:]
+    if start:
         _emit({"step": start, "loss": _loss(w, x, y), "progress": start / steps,
                "message": f"resumed from step {start}"})
+    took: list[float] = []
     for step in range(start + 1, steps + 1):
         idx = rng.integers(0, len(x), size=int(hp["batch"]))
         xb, yb = x[idx], y[idx]
         p = 1.0 / (1.0 + np.exp(-(xb @ w)))
-        w = w - float(hp["lr"]) * xb.T @ (p - yb) / len(idx)
+        grad = xb.T @ (p - yb) / len(idx)
+        halt = bool(stop)
+        if ring is not None:
+            t0 = time.perf_counter()
+            total = ring.all_reduce(np.concatenate((grad, [float(halt)])))
+            took.append(time.perf_counter() - t0)
+            grad, halt = total[:-1] / ring.n, total[-1] > 0
+        w = w - float(hp["lr"]) * grad
         if hp["step_seconds"]:
             time.sleep(float(hp["step_seconds"]))
         report: dict[str, Any] = {"step": step, "loss": _loss(w, x, y),
                                   "progress": step / steps}
-        if step % every == 0 or step == steps or stop:
+        if rank == 0 and (step % every == 0 or step == steps or halt):
             report["checkpoint"] = str(_save(directory, step, w))
+        if ring is not None and took and (step % every == 0 or step == steps):
+            report["comm"] = {"op": "all_reduce", "seconds": float(np.median(took)),
+                              "bytes": int(grad.nbytes + 8), "algorithm": "ring",
+                              "world_size": ring.n}
+            took.clear()
         _emit(report)
-        if stop and step < steps:
+        if halt and step < steps:
             _emit({"message": f"stopped at step {step} (SIGTERM); checkpoint saved"})
             return 128 + signal.SIGTERM
     return 0

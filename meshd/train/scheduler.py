@@ -10,10 +10,11 @@ is the judge: a command built on a stale view is refused there (``live``, ``busy
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adapters.model import GpuState
 from meshd.train.placement import GpuSlot, Unplaceable, rank
 from meshd.train.spec import parse_job
 
@@ -48,33 +49,39 @@ def split_slots(trainers: Iterable[Trainer]) -> dict[bool, list[GpuSlot]]:
     return out
 
 
-def slots_wanted(job: dict[str, Any]) -> int:
-    """GPUs (or, for a CPU job, slots) a job spec takes: what tenant quotas count."""
-    return max(1, int(job["gpus"]["count"]))
+def parts_of(placement: dict[str, Any]) -> list[dict[str, Any]]:
+    """A TrainingPlacement's (or TrainingJob's) parts: ``{node, gpus, outcome}`` per node in
+    rank order (documents written before gangs have only ``node`` and ``gpus``)."""
+    return placement.get("parts") or [{"node": placement["node"], "gpus": placement["gpus"],
+                                       "outcome": ""}]
 
 
 def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
          trainers: Collection[Trainer], now: float, *, ttl: float = TTL,
-         start_timeout: float = START_TIMEOUT,
-         quotas: Mapping[str, int | None] | None = None) -> list[dict[str, Any]]:
+         start_timeout: float = START_TIMEOUT, quotas: Mapping[str, int | None] | None = None,
+         rtt: Callable[[str, str], float] | None = None) -> list[dict[str, Any]]:
     """Commands for this tick.
 
     ``jobs``: TrainingJob specs with ``name`` added; ``placements``: TrainingPlacement specs by
     job; ``quotas``: tenant -> GPUs its jobs may hold at once (TenantQuota ``training_gpus``;
-    absent or None = unlimited).  A lapsed lease is reaped (``expire``) before its job is
-    placed again, on the next tick.  Queued jobs go by priority, then age; each takes the
-    best candidate not already taken this tick.  A job its tenant's quota cannot take now
-    waits, and lower-priority jobs of other tenants go ahead of it.
+    absent or None = unlimited); ``rtt(a, b)``: estimated seconds between two nodes, which
+    lets a job span several nodes (see :func:`meshd.train.placement.rank`).  A lapsed lease
+    is reaped (``expire``) before its job is placed again, on the next tick.  Queued jobs go
+    by priority, then age; each takes the best candidate not already taken this tick.  A job
+    its tenant's quota cannot take now waits, and lower-priority jobs of other tenants go
+    ahead of it.
     """
     out: list[dict[str, Any]] = []
     jobs = list(jobs)
     by_name = {j["name"]: j for j in jobs}
-    busy = {(p["node"], g) for p in placements.values() for g in p["gpus"]}
+    busy = {(part["node"], g) for p in placements.values() for part in parts_of(p)
+            for g in part["gpus"]}
     quotas = quotas or {}
     held: Counter[str] = Counter()
     for name, p in placements.items():
         if name in by_name:
-            held[by_name[name]["job"]["tenant"]] += len(p["gpus"]) or 1
+            held[by_name[name]["job"]["tenant"]] += sum(len(part["gpus"]) or 1
+                                                        for part in parts_of(p))
     for name, p in sorted(placements.items()):
         j = by_name.get(name)
         expires = float((p.get("lease") or {}).get("expires_unix", 0.0))
@@ -87,7 +94,7 @@ def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
                     key=lambda j: (-j["job"]["priority"], j["submitted_at"] or 0.0, j["name"]))
     for j in queued:
         spec = parse_job(j["job"])
-        tenant, want = j["job"]["tenant"], slots_wanted(j["job"])
+        tenant, want = j["job"]["tenant"], spec.slots
         limit = quotas.get(tenant)
         if limit is not None and held[tenant] + want > limit:
             continue
@@ -96,20 +103,41 @@ def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
         try:
             # A node where a lease already lapsed is the last resort, not excluded for good.
             candidates = rank(needs, slots, excluded_nodes=blocked | set(j["tried"]),
-                              busy=busy, limit=1) or \
-                rank(needs, slots, excluded_nodes=blocked, busy=busy, limit=1)
+                              busy=busy, rtt=rtt, limit=1) or \
+                rank(needs, slots, excluded_nodes=blocked, busy=busy, rtt=rtt, limit=1)
         except Unplaceable:  # the trainer that could hold it left; it waits for one
             continue
         if not candidates:  # every eligible slot is leased, or its node is not schedulable
             continue
         best = candidates[0]
-        node = best.nodes[0]
-        gpus = [s.gpu for s in best.slots]
-        busy.update((node, g) for g in gpus)
+        parts = [{"node": n, "gpus": [s.gpu for s in best.slots if s.node == n]}
+                 for n in best.nodes]
+        busy.update((s.node, s.gpu) for s in best.slots)
         held[tenant] += want
-        out.append({"op": "acquire", "job": j["name"], "holder": node, "node": node,
-                    "gpus": gpus, "ttl": ttl, "start_timeout": start_timeout, "at": now})
+        out.append({"op": "acquire", "job": j["name"], "holder": best.nodes[0], "parts": parts,
+                    "ttl": ttl, "start_timeout": start_timeout, "at": now})
     return out
+
+
+MIB = 1 << 20
+
+
+def gpu_slots(node: str, gpus: Iterable[GpuState], zone: str = "") -> tuple[GpuSlot, ...]:
+    """A GPU trainer's slots, from its NVML telemetry: each GPU, or, on a GPU in MIG mode,
+    each MIG instance (a whole MIG GPU cannot take a job).  A slice's ``gpu_type`` is
+    ``"<GPU name> MIG <profile>"`` (``NVIDIA A100-SXM4-40GB MIG 1g.5gb``), so a job asks for
+    a slice size by name; it shares its GPU's inference load."""
+    out: list[GpuSlot] = []
+    for g in gpus:
+        load = (g.sm_util or 0.0) / 100.0
+        if g.mig:
+            out.extend(GpuSlot(node, m.uuid, f"{g.name} MIG {m.profile}",
+                               m.memory_total // MIB, m.memory_free // MIB, zone,
+                               inference_load=load) for m in g.mig)
+        else:
+            out.append(GpuSlot(node, g.uuid, g.name, g.memory_total // MIB,
+                               g.memory_free // MIB, zone, inference_load=load))
+    return tuple(out)
 
 
 def cpu_slots(node: str, count: int, zone: str = "") -> tuple[GpuSlot, ...]:

@@ -4,8 +4,9 @@ and :class:`meshd.train.leases.LeaseKeeper` (when a trainer must stop).
 
 * On the placements group's **leader**, every ``TICK`` it plans from its own copy of the
   group and proposes the commands (reap lapsed leases, place queued jobs).
-* On a node with ``--role trainer`` it watches the group for leases held by this node and
-  runs each job (:class:`meshd.train.run.JobRun`) as a child process.
+* On a node with ``--role trainer`` it watches the group for leases with a part on this
+  node and runs each job (:class:`meshd.train.run.JobRun`; a gang's rank) as a child
+  process.
 
 Trainers advertise what they offer through gossip: their GPUs (the NVML adapter's telemetry
 in the node's signals) or, without GPUs, ``train_slots`` CPU slots (a node tag; default 1).
@@ -21,12 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from adapters.model import CommStats
 from consensus.group import ConsensusError
 from gossip.protocol import Swim
 from meshd.control import ControlPlane
-from meshd.train.placement import GpuSlot
+from meshd.train.links import link_rtt, observed_hops
 from meshd.train.run import JobRun
-from meshd.train.scheduler import Trainer, cpu_slots, plan
+from meshd.train.scheduler import Trainer, cpu_slots, gpu_slots, parts_of, plan
 
 log = logging.getLogger("meshd.train")
 
@@ -35,18 +37,24 @@ TICK = 0.2
 WRITE_TIMEOUT = 2.0
 SLOTS_TAG = "train_slots"
 """Node tag: how many CPU jobs a trainer without GPUs runs at once (default 1)."""
-MIB = 1 << 20
 
 
 class TrainService:
     """Scheduler (when leader of ``placements``) and trainer (with the role) on one node."""
 
     def __init__(self, node: str, control: ControlPlane, swim: Callable[[], Swim | None],
-                 gpus_of: Callable[[str], list[Any]], *, trainer: bool, data_dir: Path) -> None:
+                 gpus_of: Callable[[str], list[Any]], *, trainer: bool, data_dir: Path,
+                 rtt: Callable[[str, str], float | None] = lambda a, b: None,
+                 comm_of: Callable[[], list[CommStats]] = list,
+                 report_comm: Callable[[CommStats], None] = lambda stats: None) -> None:
         self.node = node
         self.control = control
         self._swim = swim
         self._gpus_of = gpus_of
+        self._rtt = rtt
+        self._comm_of = comm_of
+        self.report_comm = report_comm
+        """Takes the collective timings this node's jobs print (fed back into plans)."""
         self.trainer = trainer
         self.data_dir = data_dir
         self.runs: dict[str, JobRun] = {}
@@ -66,10 +74,7 @@ class TrainService:
             zone = m.meta.zone
             gpus = self._gpus_of(m.name)
             if gpus:
-                slots = tuple(GpuSlot(m.name, g.uuid, g.name, g.memory_total // MIB,
-                                      g.memory_free // MIB, zone,
-                                      inference_load=(g.sm_util or 0.0) / 100.0)
-                              for g in gpus)
+                slots = gpu_slots(m.name, gpus, zone)
             else:
                 try:
                     count = int(m.meta.tags_dict.get(SLOTS_TAG, "1"))
@@ -111,9 +116,20 @@ class TrainService:
         store = self.control.views["placements"].store
         return {d.document.name: d.document.spec for d in store.list("TrainingPlacement")}
 
+    def rtt(self) -> Callable[[str, str], float]:
+        """Seconds between two nodes for this tick's plans: Vivaldi's estimate, raised to what
+        the gangs' collectives measured over that hop (:mod:`meshd.train.links`)."""
+        return link_rtt(self._rtt, observed_hops(self._comm_of(), time.time()))
+
+    def address_of(self, node: str) -> str:
+        """The host ``node`` gossips from (where its ranks listen), or "" if unknown."""
+        swim = self._swim()
+        m = swim.member(node) if swim is not None else None
+        return m.addr[0] if m is not None else ""
+
     async def _schedule(self) -> None:
         for cmd in plan(self.jobs(), self.placements(), self.trainers(), time.time(),
-                        quotas=self.quotas()):
+                        quotas=self.quotas(), rtt=self.rtt()):
             try:
                 result = await self.control.write("placements", cmd, WRITE_TIMEOUT,
                                                   f"meshd/{self.node} (scheduler)")
@@ -128,12 +144,12 @@ class TrainService:
                 "detail": result.get("message", ""), "ok": bool(result.get("ok"))})
 
     def _supervise(self) -> None:
-        """Start a run for every lease this node holds that has none yet."""
+        """Start a run for every lease with a part on this node that has none yet."""
         jobs = {j["name"]: j for j in self.jobs()}
         for name, p in self.placements().items():
-            lease = p.get("lease") or {}
             j = jobs.get(name)
-            if lease.get("holder") != self.node or j is None:
+            if j is None or not any(part["node"] == self.node and not part["outcome"]
+                                    for part in parts_of(p)):
                 continue
             current = self.runs.get(name)
             if current is not None and (current.token == j["token"] or not current.finished):

@@ -79,11 +79,19 @@ class Scalars(Check):
         return out
 
 
-def _one_runtime(spec: dict[str, Any], path: str) -> None:
+MAX_NODES = 64
+
+
+def _cross(spec: dict[str, Any], path: str) -> None:
     if bool(spec["command"]) == bool(spec["entry"]):
         raise PolicyError(join(path, "command"),
                           "give exactly one of command (an argv list) and entry "
                           "(module:function)")
+    g = spec["gpus"]
+    if g["nodes"] > 1 and g["count"] % g["nodes"]:
+        raise PolicyError(join(join(path, "gpus"), "count"),
+                          f"must be a multiple of gpus.nodes ({g['nodes']}): each node of a "
+                          f"gang runs an equal share, got {g['count']}")
 
 
 JOB_SPEC = Object({
@@ -102,6 +110,9 @@ JOB_SPEC = Object({
         "count": Field(Integer(ge=0, le=MAX_GPUS), 1, "GPUs (0 = a CPU job)"),
         "min_free_vram_mb": Field(Integer(ge=0), 0, "free memory each GPU must have (MiB)"),
         "type": Field(Text(0, 128), "", "GPU product name to match; empty = any"),
+        "nodes": Field(Integer(ge=0, le=MAX_NODES), 0,
+                       "nodes it spans, an equal share of count on each (a CPU job: one "
+                       "slot each); 0 = as few as fit"),
     }), {}, "what the job needs of its GPUs"),
     "zones": Field(ListOf(name_check()), [], "zones it may run in; empty = any"),
     "tenant": Field(name_check(), "default", "whose quota it counts against"),
@@ -111,7 +122,7 @@ JOB_SPEC = Object({
     "data_bytes": Field(Integer(ge=0), 0, "training data size, for the estimate"),
     "on_drain": Field(Choice(("finish", "migrate")), "finish",
                       "when its node drains: run to the end, or move from a checkpoint"),
-}, cross=_one_runtime)
+}, cross=_cross)
 
 
 @dataclass(frozen=True)
@@ -136,11 +147,17 @@ class JobSpec:
         """A job asking for 0 GPUs: it runs in a CPU slot (and only there)."""
         return bool(self.doc["gpus"]["count"] == 0)
 
+    @property
+    def slots(self) -> int:
+        """GPUs (or, for a CPU job, slots: one per node) the job takes in all."""
+        g = self.doc["gpus"]
+        return int(g["count"] or max(1, g["nodes"]))
+
     def needs(self) -> Needs:
         g = self.doc["gpus"]
-        return Needs(gpus=max(1, g["count"]), work_s=self.work_seconds(),
+        return Needs(gpus=self.slots, work_s=self.work_seconds(),
                      min_free_vram_mb=g["min_free_vram_mb"], gpu_type=g["type"],
-                     zones=tuple(self.doc["zones"]))
+                     zones=tuple(self.doc["zones"]), nodes=g["nodes"])
 
 
 def parse_job(raw: object) -> JobSpec:

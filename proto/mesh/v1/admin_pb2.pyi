@@ -491,7 +491,7 @@ class ListJobsRequest(_message.Message):
     def __init__(self, state: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("id", "state", "attempt", "node", "gpus", "progress", "step", "loss", "message", "checkpoint", "tried", "document_json", "version")
+    __slots__ = ("id", "state", "attempt", "node", "gpus", "progress", "step", "loss", "message", "checkpoint", "tried", "document_json", "version", "nodes")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -505,6 +505,7 @@ class JobStatus(_message.Message):
     TRIED_FIELD_NUMBER: _ClassVar[int]
     DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: str
     attempt: int
@@ -518,7 +519,8 @@ class JobStatus(_message.Message):
     tried: _containers.RepeatedScalarFieldContainer[str]
     document_json: str
     version: int
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., attempt: _Optional[int] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., progress: _Optional[float] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., message: _Optional[str] = ..., checkpoint: _Optional[str] = ..., tried: _Optional[_Iterable[str]] = ..., document_json: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., attempt: _Optional[int] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., progress: _Optional[float] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., message: _Optional[str] = ..., checkpoint: _Optional[str] = ..., tried: _Optional[_Iterable[str]] = ..., document_json: _Optional[str] = ..., version: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs",)
