@@ -109,7 +109,7 @@ by the scheduler's commands (``meshctl jobs``), never by ``policy apply``:
     tried ([node]): nodes whose lease lapsed, skipped by later placements.
     ran_on ([node]): the node of each attempt, in order (where its log is).
     cancel (bool): cancellation asked while a trainer holds the job.
-    submitted_at, started_at, ended_at (unix seconds | null).
+    submitted_at, queued_at (last entered the queue), started_at, ended_at (unix s | null).
 """
 
 from __future__ import annotations
@@ -255,6 +255,8 @@ SPECS: Mapping[str, Object] = {
                         "the node of each attempt, in order (the last MAX_LIST)"),
         "cancel": Field(Boolean(), False, "cancellation asked while held"),
         "submitted_at": Field(Number(ge=0, nullable=True), None, "unix seconds"),
+        "queued_at": Field(Number(ge=0, nullable=True), None,
+                           "when it last entered the queue (unix s)"),
         "started_at": Field(Number(ge=0, nullable=True), None, "first progress (unix s)"),
         "ended_at": Field(Number(ge=0, nullable=True), None, "final state (unix s)"),
     }),

@@ -36,7 +36,7 @@ def test_a_job_runs_through_its_life_cycle() -> None:
     s = PlacementStore(["TrainingJob", "TrainingPlacement"])
     r = submit(s)
     assert r["ok"] and r["created"] and state(s)["state"] == "queued"
-    assert state(s)["submitted_at"] == 1.0
+    assert state(s)["submitted_at"] == state(s)["queued_at"] == 1.0
     a = acquire(s, 2.0)
     assert a["ok"] and a["token"] == 1
     st_ = state(s)
@@ -98,6 +98,7 @@ def test_a_lapsed_lease_requeues_then_fails_after_max_attempts() -> None:
         r = s.apply({"op": "expire", "job": "j1", "token": a["token"], "at": at})
         assert r["ok"], r
         assert s.get("TrainingPlacement", "j1") is None
+        assert state(s)["queued_at"] == at or attempt == MAX_ATTEMPTS
     st_ = state(s)
     assert st_["state"] == "failed" and st_["tried"] == [f"n{i}" for i in
                                                          range(1, MAX_ATTEMPTS + 1)]
@@ -138,6 +139,7 @@ def test_a_job_handed_back_is_queued_again() -> None:
     s.apply({"op": "release", "job": "j1", "token": a["token"], "at": 2.0, "outcome": "moved",
              "message": "n1 is draining"})
     assert state(s)["state"] == "queued" and state(s)["message"] == "n1 is draining"
+    assert state(s)["queued_at"] == 2.0
     assert acquire(s, 3.0, node="n2")["ok"]
 
 

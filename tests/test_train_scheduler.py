@@ -6,17 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 from meshd.train.placement import GpuSlot
-from meshd.train.scheduler import EXPIRE_GRACE, Trainer, cpu_slots, plan
+from meshd.train.scheduler import EXPIRE_GRACE, TRIED_AFTER, Trainer, cpu_slots, plan
 from meshd.train.spec import parse_job
 
 
 def job(name: str, state: str = "queued", *, priority: int = 5, submitted: float = 1.0,
         gpus: int = 1, tenant: str = "default", tried: list[str] | None = None,
-        token: int = 0, cancel: bool = False) -> dict[str, Any]:
+        token: int = 0, cancel: bool = False, queued: float | None = None) -> dict[str, Any]:
     spec = parse_job({"id": name, "model": "m", "command": ["x"], "priority": priority,
                       "gpus": {"count": gpus}, "tenant": tenant}).doc
     return {"name": name, "job": spec, "state": state, "submitted_at": submitted,
-            "tried": tried or [], "token": token, "cancel": cancel}
+            "queued_at": submitted if queued is None else queued, "tried": tried or [],
+            "token": token, "cancel": cancel}
 
 
 def gpu_trainer(node: str, count: int, schedulable: bool = True) -> Trainer:
@@ -61,9 +62,12 @@ def test_lapsed_leases_are_reaped_after_the_grace() -> None:
 
 def test_a_node_where_the_lease_lapsed_is_the_last_resort() -> None:
     trainers = [gpu_trainer("a", 1), gpu_trainer("b", 1)]
-    assert placed(plan([job("j", tried=["a"])], {}, trainers, 1.0))["j"][0] == "b"
-    assert placed(plan([job("j", tried=["a", "b"])], {}, trainers, 1.0))["j"][0] in "ab"
-    assert placed(plan([job("j", tried=["a"])], {}, trainers[:1], 1.0))["j"][0] == "a"
+    assert placed(plan([job("j", tried=["a"], queued=1.0)], {}, trainers, 1.0))["j"][0] == "b"
+    # only nodes it lapsed on: it waits TRIED_AFTER for another, then goes back to one
+    for tried, fleet in ((["a", "b"], trainers), (["a"], trainers[:1])):
+        j = job("j", tried=tried, queued=1.0)
+        assert plan([j], {}, fleet, 1.0 + TRIED_AFTER - 0.1) == []
+        assert placed(plan([j], {}, fleet, 1.0 + TRIED_AFTER))["j"][0] in tried
 
 
 def test_cpu_jobs_take_cpu_slots_and_gpu_jobs_gpus() -> None:

@@ -104,7 +104,8 @@ class PlacementStore(PolicyStore):
                     "field": "job.id", "message": f"job {spec.id!r} exists with another spec; "
                                                   "submit it under a new id"}
         version = self._put_job(spec.id, {"job": copy_plain(spec.doc), "state": "queued",
-                                          "submitted_at": at, "message": "queued"}, at, author)
+                                          "submitted_at": at, "queued_at": at,
+                                          "message": "queued"}, at, author)
         return {"ok": True, "version": version, "created": True, "job": spec.id}
 
     def _cancel(self, cmd: dict[str, Any], at: float, author: str) -> dict[str, Any]:
@@ -174,6 +175,8 @@ class PlacementStore(PolicyStore):
                 changes["ended_at"] = now
                 if outcome == "done":
                     changes["progress"] = 1.0
+            else:
+                changes["queued_at"] = now
             self._delete_placement(name, at, author)
         else:  # expire
             tried = [*spec["tried"], *result["lapsed"]]
@@ -187,7 +190,7 @@ class PlacementStore(PolicyStore):
                 changes = {"state": "failed", "ended_at": now, "tried": tried,
                            "message": f"{lapsed} leases lapsed (last on {on}); giving up"}
             else:
-                changes = {"state": "queued", "tried": tried,
+                changes = {"state": "queued", "tried": tried, "queued_at": now,
                            "message": f"the lease on {on} lapsed; re-queued to resume from "
                                       "its last checkpoint"}
             self._delete_placement(name, at, author)

@@ -24,6 +24,9 @@ START_TIMEOUT = 15.0
 """Seconds a new lease waits for its trainer's first renewal (process start included)."""
 CPU = "cpu"
 """``gpu_type`` of a CPU slot: jobs asking for 0 GPUs run there, and only there."""
+TRIED_AFTER = 2 * TTL
+"""Seconds a re-queued job waits for a node where none of its leases lapsed before it may go
+back to one where one did: a node that just failed the job is the last resort."""
 EXPIRE_GRACE = 0.2
 """Seconds past a lease's expiry, by this node's clock, before reaping it is proposed (the
 table rechecks with the proposing coordinator's clock)."""
@@ -101,10 +104,12 @@ def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
         needs = spec.needs()
         slots = offered[spec.cpu_only]
         try:
-            # A node where a lease already lapsed is the last resort, not excluded for good.
             candidates = rank(needs, slots, excluded_nodes=blocked | set(j["tried"]),
-                              busy=busy, rtt=rtt, limit=1) or \
-                rank(needs, slots, excluded_nodes=blocked, busy=busy, rtt=rtt, limit=1)
+                              busy=busy, rtt=rtt, limit=1)
+            if not candidates and now - (j.get("queued_at") or 0.0) >= TRIED_AFTER:
+                # a node where a lease lapsed is the last resort, not excluded for good
+                candidates = rank(needs, slots, excluded_nodes=blocked, busy=busy, rtt=rtt,
+                                  limit=1)
         except Unplaceable:  # the trainer that could hold it left; it waits for one
             continue
         if not candidates:  # every eligible slot is leased, or its node is not schedulable
