@@ -7,9 +7,11 @@ inference load, leased backlog and GPU types (A100 / L4 / T4), 10% of nodes excl
 of GPUs busy, as a coordinator's scheduler would see it.  Each case times
 :func:`meshd.train.placement.rank` end to end (filtering, costing, gang forming, ring order)
 over ``--calls`` calls with ``time.perf_counter_ns``; the table gives p50/p99/max.  The
-spread case (a 16-GPU gang on nodes with 2 free GPUs each) also builds its ring from
-Vivaldi-like coordinates; so do the fixed-size gangs (``nodes``), whose node sets are grown
-from the 16 cheapest nodes.  Writes ``bench/results/placement.{json,md}``.
+gangs (``nodes``: exactly that many nodes, an equal share on each; one case on a fleet
+with 2 free GPUs per node) also choose their node sets and rings from Vivaldi-like
+coordinates through the scheduler's own RTT path (Vivaldi estimates with zone labels; rings
+of more than 7 nodes by nearest-neighbour tours and 2-opt).  Writes
+``bench/results/placement.{json,md}``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +37,11 @@ from bench.table import (  # noqa: E402
     print_table,
     verdict,
 )
+from meshd.train.links import link_rtt  # noqa: E402
 from meshd.train.placement import GpuSlot, Needs, rank  # noqa: E402
+from topology.coordinate import Coordinate  # noqa: E402
+from topology.estimate import estimate  # noqa: E402
+from topology.zones import Place, relation  # noqa: E402
 
 BAR_MS = 5.0
 TYPES = (("A100", 80_000), ("L4", 24_000), ("T4", 16_000))
@@ -61,6 +68,18 @@ def build(gpus: int, per_node: int, rng: random.Random, spread: bool = False
     return slots, excluded, busy, coords
 
 
+def vivaldi_rtt(coords: dict[str, tuple]) -> Callable[[str, str], float]:
+    """The scheduler's own RTT path (``TrainService.rtt``): Vivaldi estimates between settled
+    8-dimensional coordinates, with zone labels, under the collective-timing feedback."""
+    coord = {n: Coordinate((x / 1000, y / 1000, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 0.05, 0.0,
+                           1e-5) for n, (x, y) in coords.items()}
+    place = {n: Place(f"z{int(n[-4:]) % 4}", "r1") for n in coords}
+
+    def est(a: str, b: str) -> float | None:
+        return estimate(coord[a], coord[b], relation(place[a], place[b], a == b)).rtt
+    return link_rtt(est, {})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, default=1000)
@@ -75,17 +94,16 @@ def main() -> int:
         ("1 GPU, A100 >= 40 GB", Needs(1, 600.0, 40_000, "A100"), False),
         ("4-GPU gang, one node", Needs(4, 600.0, 8_000), False),
         ("8-GPU gang, one node", Needs(8, 600.0), False),
-        ("16-GPU gang over nodes (ring)", Needs(16, 600.0, 4_000), True),
+        ("16-GPU gang on 8 nodes, 2 free GPUs each", Needs(16, 600.0, 4_000, nodes=8), True),
         ("16-GPU gang on exactly 4 nodes", Needs(16, 600.0, 4_000, nodes=4), False),
-        ("16-GPU gang on exactly 8 nodes (2-opt ring)", Needs(16, 600.0, nodes=8), False),
+        ("32-GPU gang on exactly 16 nodes", Needs(32, 600.0, nodes=16), False),
     ]
     rows, results = [], {}
     worst = 0.0
     for name, needs, spread in cases:
         slots, excluded, busy, coords = build(args.gpus, args.per_node, rng, spread)
 
-        def rtt(a: str, b: str, c: dict = coords) -> float:
-            return math.dist(c[a], c[b]) / 1000
+        rtt = vivaldi_rtt(coords)
 
         took, found = [], 0
         for _ in range(args.calls):

@@ -107,6 +107,8 @@ by the scheduler's commands (``meshctl jobs``), never by ``policy apply``:
         (for a gang, rank 0's node and GPUs; parts: every node's, in rank order).
     progress, step, loss, checkpoint, message: what the trainer last reported.
     tried ([node]): nodes whose lease lapsed, skipped by later placements.
+    lapses (int >= 0): attempts lost (a lease lapsed, or the job exited to retry); the job
+        fails at the fifth.
     ran_on ([node]): the node of each attempt, in order (where its log is).
     cancel (bool): cancellation asked while a trainer holds the job.
     submitted_at, queued_at (last entered the queue), started_at, ended_at (unix s | null).
@@ -251,6 +253,8 @@ SPECS: Mapping[str, Object] = {
         "checkpoint": Field(Text(0, 1024), "", "latest checkpoint the trainer reported"),
         "message": Field(Text(0, 1024), "", "last event, in words"),
         "tried": Field(ListOf(Text(1, 256), unique=False), [], "nodes whose lease lapsed"),
+        "lapses": Field(Integer(ge=0), 0, "attempts lost (lapsed, or retry); MAX_ATTEMPTS "
+                                          "fails it"),
         "ran_on": Field(ListOf(Text(1, 256), unique=False), [],
                         "the node of each attempt, in order (the last MAX_LIST)"),
         "cancel": Field(Boolean(), False, "cancellation asked while held"),

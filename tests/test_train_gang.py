@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.model import CommStats
+from meshd.train.board import PlacementStore
 from meshd.train.leases import LeaseTable
 from meshd.train.links import UNKNOWN_RTT, link_rtt, observed_hops
 from meshd.train.placement import GpuSlot, Needs, Unplaceable, rank
@@ -293,7 +294,8 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
     time.sleep(2.0)
     procs[2].send_signal(signal.SIGTERM)
     outs = [p.communicate(timeout=30)[0] for p in procs]
-    assert [p.returncode for p in procs] == [143] * 3, outs
+    # the stopped rank says so; the others ask to run again, so the gang takes its outcome
+    assert [p.returncode for p in procs] == [75, 75, 143], outs
     last = [max(r["step"] for r in reports(o) if "step" in r) for o in outs]
     assert last[0] == last[1] == last[2]
     assert (tmp_path / "ck0" / f"step-{last[0]:08d}.npz").exists()
@@ -312,3 +314,93 @@ def test_a_rank_whose_peer_died_asks_to_be_moved(tmp_path: Path) -> None:
     procs[1].wait()
     assert procs[0].returncode == 75, out
     assert "handing the job back" in out
+
+
+# --- outcomes and attempts --------------------------------------------------------------------
+
+def test_the_gravest_outcome_of_its_ranks_is_the_gangs() -> None:
+    for outcomes, final in ((["retry", "failed", "retry"], "failed"),
+                            (["retry", "moved", "retry"], "moved"),
+                            (["done", "retry", "done"], "retry"),
+                            (["done", "done", "done"], "done")):
+        t = LeaseTable()
+        tok = gang(t)
+        results = [release(t, tok, n, 1.0, o) for n, o in zip("abc", outcomes, strict=True)]
+        assert results[-1]["final"] and results[-1]["outcome"] == final, (outcomes, results)
+    t = LeaseTable()
+    none = t.apply({"op": "acquire", "job": "g", "holder": "a", "ttl": 1.0, "at": 0.0,
+                    "parts": []})
+    assert none["field"] == "parts" and t.token == 0 and not t.leases
+
+
+def _board_gang(nodes: tuple[str, ...] = ("a", "b")) -> tuple[PlacementStore, int]:
+    s = PlacementStore(["TrainingJob", "TrainingPlacement"])
+    s.apply({"op": "submit", "at": 1.0, "author": "t", "job": {
+        "id": "g", "model": "m", "command": ["x"], "gpus": {"count": 0,
+                                                            "nodes": len(nodes)}}})
+    r = s.apply({"op": "acquire", "job": "g", "holder": nodes[0], "ttl": 5.0,
+                 "start_timeout": 5.0, "at": 2.0,
+                 "parts": [{"node": n, "gpus": ["cpu0"]} for n in nodes]})
+    assert r["ok"], r
+    return s, int(r["token"])
+
+
+def _job(s: PlacementStore) -> dict:
+    doc = s.get("TrainingJob", "g")
+    assert doc is not None
+    return doc.document.spec
+
+
+def test_a_gang_lapse_is_one_lost_attempt_and_only_rank_0_reports_progress() -> None:
+    s, tok = _board_gang(("a", "b", "c"))
+    s.apply({"op": "renew", "job": "g", "token": tok, "node": "b", "at": 3.0, "step": 9,
+             "loss": 0.1, "progress": 0.9})
+    assert _job(s)["step"] == 0 and _job(s)["loss"] is None  # rank 1 does not speak
+    s.apply({"op": "renew", "job": "g", "token": tok, "node": "a", "at": 3.0, "step": 4,
+             "loss": 0.5, "progress": 0.4})
+    assert (_job(s)["step"], _job(s)["loss"]) == (4, 0.5)
+    r = s.apply({"op": "expire", "job": "g", "token": tok, "at": 9.0})
+    assert r["ok"], r
+    j = _job(s)
+    assert j["state"] == "queued" and j["lapses"] == 1 and j["tried"] == ["a", "b", "c"]
+    assert j["queued_at"] == 9.0
+
+
+def test_a_job_that_keeps_asking_to_retry_fails_after_max_attempts() -> None:
+    from meshd.train.board import MAX_ATTEMPTS
+
+    s = PlacementStore(["TrainingJob", "TrainingPlacement"])
+    s.apply({"op": "submit", "at": 1.0, "author": "t",
+             "job": {"id": "g", "model": "m", "command": ["x"], "gpus": {"count": 0}}})
+    for i in range(MAX_ATTEMPTS):
+        a = s.apply({"op": "acquire", "job": "g", "holder": "a", "node": "a",
+                     "gpus": ["cpu0"], "ttl": 5.0, "at": 2.0 + i})
+        r = s.apply({"op": "release", "job": "g", "token": a["token"], "node": "a",
+                     "at": 2.5 + i, "outcome": "retry", "message": "exit code 75"})
+        assert r["ok"], r
+        assert _job(s)["lapses"] == i + 1 and _job(s)["tried"] == []
+    j = _job(s)
+    assert j["state"] == "failed" and "giving up" in j["message"] and j["ended_at"] == 6.5
+
+
+def test_a_ranks_malformed_comm_lines_are_dropped(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from meshd.train.run import JobRun
+
+    got: list[CommStats] = []
+    service = SimpleNamespace(node="b", report_comm=got.append)
+    job = {"token": 3, "attempt": 1, "job": {}, "node": "a", "gpus": ["cpu0"],
+           "parts": [{"node": "a", "gpus": ["cpu0"]}, {"node": "b", "gpus": ["cpu0"]}]}
+    run = JobRun(service, "g", job, tmp_path)  # type: ignore[arg-type]
+    assert (run.rank, run.ring, run.gpus) == (1, ["a", "b"], ["cpu0"])
+    for bad in ({"op": "all_reduce"}, {"op": "all_reduce", "seconds": 1e400},
+                {"op": "all_reduce", "seconds": 0.1, "bytes": 1e400},
+                {"op": "all_reduce", "seconds": 0.1, "bytes": -1},
+                {"op": "teleport", "seconds": 0.1}, {"op": "all_reduce", "seconds": "x"},
+                {"op": "all_reduce", "seconds": 0.1, "world_size": float("inf")}):
+        run._comm(bad)
+    assert got == []
+    run._comm({"op": "all_reduce", "seconds": 0.01, "bytes": 136, "algorithm": "ring"})
+    [c] = got
+    assert (c.job, c.peers, c.world_size, c.seconds) == ("g", ("a", "b"), 2, 0.01)

@@ -51,21 +51,21 @@ def test_excluded_nodes_busy_gpus_and_filters_are_respected() -> None:
 
 
 def test_asking_for_more_than_the_fleet_has_is_an_error_not_a_wait() -> None:
-    with pytest.raises(Unplaceable, match="largest match is 2 on one node, 2 in all"):
+    with pytest.raises(Unplaceable, match="the most on one node is 2; a job over several "
+                                          "nodes says so with gpus.nodes"):
         rank(Needs(gpus=3, work_s=1.0, gpu_type="A100"), fleet())
     with pytest.raises(Unplaceable, match=r">= 90000 MiB"):
         rank(Needs(gpus=1, work_s=1.0, min_free_vram_mb=90_000), fleet())
-    # three L4s exist, on two nodes: only a spread gang (needing RTTs) could hold them
-    with pytest.raises(Unplaceable):
-        rank(Needs(gpus=3, work_s=1.0, gpu_type="L4"), fleet())
-    got = rank(Needs(gpus=3, work_s=1.0, gpu_type="L4"), fleet(), rtt=lambda a, b: 0.001)
-    assert got == []  # possible in principle, but not within one zone now
+    # three L4s exist, on two nodes: a job on one node never holds them, RTTs or not
+    for rtt in (None, lambda a, b: 0.001):
+        with pytest.raises(Unplaceable):
+            rank(Needs(gpus=3, work_s=1.0, gpu_type="L4"), fleet(), rtt=rtt)
     # busy GPUs make it wait, not fail
     assert rank(Needs(gpus=1, work_s=1.0, gpu_type="A100"), fleet(),
                 busy={("a", "0"), ("a", "1")}) == []
 
 
-def test_a_gang_prefers_one_node_and_spreads_in_ring_order_only_when_it_must() -> None:
+def test_a_multi_gpu_job_stays_on_one_node_and_a_gang_takes_its_nodes_in_ring_order() -> None:
     slots = [GpuSlot(n, str(g), "T4", 16_000, 16_000, "z") for n in "pqrs" for g in range(2)]
     slots.append(GpuSlot("q", "2", "T4", 16_000, 16_000, "z"))
     pos = {"p": 0.0, "q": 3.0, "r": 1.0, "s": 2.0}
@@ -75,12 +75,13 @@ def test_a_gang_prefers_one_node_and_spreads_in_ring_order_only_when_it_must() -
 
     one = rank(Needs(gpus=3, work_s=50.0), slots, rtt=rtt)
     assert [c.nodes for c in one] == [("q",)] and one[0].parts["comm"] == 0.0
-    spread = rank(Needs(gpus=8, work_s=50.0, collective_rounds=10), slots, rtt=rtt,
-                  busy={("q", "2")})
-    assert len(spread) == 1
+    gang = rank(Needs(gpus=8, work_s=50.0, collective_rounds=10, nodes=4), slots, rtt=rtt,
+                busy={("q", "2")})
+    assert len(gang) == 1
     # along the line (p-r-s-q and back), read in the direction whose second name sorts first
-    assert spread[0].nodes == ("p", "q", "s", "r")
-    assert spread[0].parts["comm"] == pytest.approx(10 * 0.006)
+    assert gang[0].nodes == ("p", "q", "s", "r")
+    assert gang[0].parts["comm"] == pytest.approx(10 * 0.006)
+    assert [s.gpu for s in gang[0].slots if s.node == "q"] == ["0", "1"]
 
 
 @given(st.integers(0, 2**32))

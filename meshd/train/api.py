@@ -158,8 +158,7 @@ def _never_fits(spec: JobSpec, train: TrainService) -> str:
     if not trainers:
         return "no trainer in the mesh (start meshd --role trainer)"
     try:
-        rank(spec.needs(), split_slots(trainers)[spec.cpu_only], limit=1,
-             rtt=lambda a, b: 0.0)  # whether any nodes could, wherever they are
+        rank(spec.needs(), split_slots(trainers)[spec.cpu_only], limit=1)
     except Unplaceable as exc:
         return f"gpus.count: {exc}"
     tenant = spec.doc["tenant"]

@@ -20,7 +20,8 @@ Commands (besides the store's put/patch/delete/read, which refuse these two kind
     the :class:`LeaseTable` commands, which also move the job through its states:
     queued -> placed (acquire) -> running (first renewal) -> done/failed/cancelled (release),
     and back to queued when a lease lapses (expire) or a trainer hands a job back (release
-    with ``moved``/``preempted``), until ``MAX_ATTEMPTS`` leases have lapsed.
+    with ``moved``/``preempted``), until ``MAX_ATTEMPTS`` attempts are lost (a lease lapsed,
+    or the job exited asking to ``retry``).
 
 Like the store, ``apply`` is a pure function of (state, command): time is the ``at`` a
 coordinator stamped on the command (:data:`STAMPED_OPS`).
@@ -47,7 +48,8 @@ STAMPED_OPS = frozenset(JOB_OPS)
 safety rests on coordinators' clocks, never on a trainer's or a client's."""
 FINAL = ("done", "failed", "cancelled")
 MAX_ATTEMPTS = 5
-"""Leases that may lapse (a trainer died, was cut off, never started) before a job fails."""
+"""Attempts a job may lose (a lease lapsed: a trainer died, was cut off, never started; or it
+exited asking to ``retry``) before it fails."""
 _REQUEUE = ("moved", "preempted")
 _AT = Number(ge=0)
 _NAME = Text(1, 256)
@@ -129,6 +131,8 @@ class PlacementStore(PolicyStore):
             return {"ok": False, "error": "finished", "field": "job",
                     "message": f"job {job.document.name!r} is {spec['state']}"
                                + (" (cancel asked)" if spec["cancel"] else "")}
+        report = _report(cmd)  # checked before the table changes: an error changes nothing
+        message = _TEXT(cmd.get("message", ""), "message")
         before = self.leases.leases.get(job.document.name)
         result = self.leases.apply(cmd)
         if not result.get("ok"):
@@ -136,17 +140,18 @@ class PlacementStore(PolicyStore):
         name = job.document.name
         lease = self.leases.leases.get(name)
         now = self.leases.now
+        rank0 = cmd.get("node") in (None, spec["node"] if op != "acquire" else None)
         if op == "acquire":
             assert lease is not None
-            tried = list(spec["tried"])
-            if before is not None and before.token != lease.token:
-                tried.append(before.node)  # a lapsed lease reaped by this grant
+            changes: dict[str, Any] = {}
+            if before is not None and before.token != lease.token:  # reaped by this grant
+                changes = _lapse(spec, [p.node for p in before.parts if not p.outcome])
             where = ", ".join(p.node for p in lease.parts)
-            changes: dict[str, Any] = {
+            changes.update({
                 "state": "placed", "attempt": spec["attempt"] + 1, "node": lease.node,
-                "gpus": list(lease.gpus), "token": lease.token, "tried": tried,
+                "gpus": list(lease.gpus), "token": lease.token,
                 "parts": _parts(lease), "ran_on": [*spec["ran_on"], lease.node][-MAX_LIST:],
-                "message": f"placed on {where} (attempt {spec['attempt'] + 1})"}
+                "message": f"placed on {where} (attempt {spec['attempt'] + 1})"})
             self._put_placement(name, lease, "pending", at, author)
         elif op == "renew":
             assert lease is not None
@@ -154,24 +159,31 @@ class PlacementStore(PolicyStore):
             if spec["started_at"] is None:
                 changes["started_at"] = now
                 changes["message"] = f"running on {lease.node}"
-            changes.update(_report(cmd))
+            if rank0:  # rank 0 speaks for the job
+                changes.update(report)
             self._put_placement(name, lease, "running", at, author)
             result = {**result, "cancel": spec["cancel"]}
         elif op == "release" and not result["final"]:  # one rank of a gang ended
             assert lease is not None
-            changes = {"parts": _parts(lease), "message": _TEXT(cmd.get("message", ""),
-                                                                 "message")
+            changes = {"parts": _parts(lease), "message": message
                        or f"the rank on {cmd['node']} ended: {result['outcome']}"}
+            if rank0:
+                changes.update({k: v for k, v in report.items() if k != "message"})
             self._put_placement(name, lease, "running", at, author)
         elif op == "release":
             outcome = result["outcome"]
             if spec["cancel"] and outcome != "done":
                 outcome = "cancelled"
-            state = "queued" if outcome in _REQUEUE else outcome
-            changes = {**_report(cmd), "state": state,
-                       "message": _TEXT(cmd.get("message", ""), "message")
-                       or f"{outcome} on {spec['node']}"}
-            if state in FINAL:
+            changes = {**(report if rank0 else {}),
+                       "message": message or f"{outcome} on {spec['node']}"}
+            if outcome == "retry":  # the job asked to run elsewhere: an attempt lost
+                changes.update(_lapse(spec, []))
+                if changes["state"] == "failed":
+                    changes["message"] = f"{changes['message']}; {changes['lapses']} " \
+                                         "attempts lost; giving up"
+            else:
+                changes["state"] = "queued" if outcome in _REQUEUE else outcome
+            if changes["state"] in FINAL:
                 changes["ended_at"] = now
                 if outcome == "done":
                     changes["progress"] = 1.0
@@ -179,20 +191,22 @@ class PlacementStore(PolicyStore):
                 changes["queued_at"] = now
             self._delete_placement(name, at, author)
         else:  # expire
-            tried = [*spec["tried"], *result["lapsed"]]
             on = ", ".join(result["lapsed"])
-            lapsed = len(tried)
+            changes = _lapse(spec, result["lapsed"])
             if spec["cancel"] or result["outcome"] in FINAL:
                 state = "cancelled" if spec["cancel"] else result["outcome"]
-                changes = {"state": state, "ended_at": now, "tried": tried,
-                           "message": f"{state}; the lease on {on} lapsed"}
-            elif lapsed >= MAX_ATTEMPTS:
-                changes = {"state": "failed", "ended_at": now, "tried": tried,
-                           "message": f"{lapsed} leases lapsed (last on {on}); giving up"}
+                changes.update({"state": state, "message": f"{state}; the lease on {on} "
+                                                           "lapsed"})
+            elif changes["state"] == "failed":
+                changes["message"] = f"{changes['lapses']} attempts lost (the last lapsed on " \
+                                     f"{on}); giving up"
             else:
-                changes = {"state": "queued", "tried": tried, "queued_at": now,
-                           "message": f"the lease on {on} lapsed; re-queued to resume from "
-                                      "its last checkpoint"}
+                changes["message"] = f"the lease on {on} lapsed; re-queued to resume from " \
+                                     "its last checkpoint"
+            if changes["state"] in FINAL:
+                changes["ended_at"] = now
+            else:
+                changes["queued_at"] = now
             self._delete_placement(name, at, author)
         version = self._update(self.get("TrainingJob", name) or job, changes, at, author)
         return {**result, "version": version}
@@ -239,6 +253,14 @@ class PlacementStore(PolicyStore):
         table = LeaseTable.restore(leases) if isinstance(leases, dict) else LeaseTable()
         super().load(data)
         self.leases = table
+
+
+def _lapse(spec: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    """Changes for an attempt lost (a lease lapsed on ``nodes``, or the job asked to retry):
+    counted in ``lapses``, the nodes added to ``tried``; ``failed`` at ``MAX_ATTEMPTS``."""
+    lapses = spec["lapses"] + 1
+    return {"lapses": lapses, "tried": [*spec["tried"], *nodes][-MAX_LIST:],
+            "state": "failed" if lapses >= MAX_ATTEMPTS else "queued"}
 
 
 def _parts(lease: Lease) -> list[dict[str, Any]]:

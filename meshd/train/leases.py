@@ -21,7 +21,8 @@ one's), so a lease that has expired stays expired.
     grant carries ``stop``: why the other parts' trainers must stop their ranks too.
 ``{"op": "release", "job", "token", "node", "at", "outcome"}`` ends the part (``done``,
     ``failed``, ...) and frees its GPUs; the lease ends with its last part (``final``), with
-    the first outcome other than ``done`` any part gave, else ``done``.
+    the gravest outcome any part gave (:data:`OUTCOMES` order: a crashed rank fails the job
+    whatever its neighbours then said; a rank its trainer handed back moves it).
 ``{"op": "expire", "job", "token", "at"}`` reaps a lease whose every part has lapsed or was
     released (``live`` if not), so the scheduler can move its job; its trainers stopped on
     their own by then.
@@ -52,8 +53,11 @@ from typing import Any
 from policy.errors import PolicyError
 from policy.fields import Choice, Field, Integer, ListOf, Number, Object, Text, required
 
-OUTCOMES = ("done", "failed", "cancelled", "preempted", "moved")
-"""What a released lease ended with."""
+OUTCOMES = ("failed", "cancelled", "moved", "preempted", "retry", "done")
+"""What a released part ended with, gravest first: ``failed`` (the job's code failed),
+``cancelled``, ``moved`` (its trainer handed it back: drain), ``preempted``, ``retry`` (it
+asked to run again elsewhere, e.g. a rank whose peer vanished: counts as a lost attempt),
+``done``.  A gang's outcome is the gravest of its parts'."""
 
 SNAPSHOT_FORMAT = 2
 MAX_TTL = 86400.0
@@ -97,7 +101,7 @@ class Lease:
     progress: float = 0.0
     step: int = 0
     outcome: str = ""
-    """The first outcome other than ``done`` a part was released with."""
+    """The gravest outcome other than ``done`` a part was released with."""
 
     @property
     def node(self) -> str:
@@ -189,6 +193,8 @@ class LeaseTable:
             parts = [(p["node"], p["gpus"]) for p in _PARTS(cmd["parts"], "parts")]
         else:
             parts = [(_NAME(cmd.get("node"), "node"), _GPUS(cmd.get("gpus", []), "gpus"))]
+        if not parts:
+            raise PolicyError("parts", "must name at least one node")
         if len({n for n, _ in parts}) != len(parts):
             raise PolicyError("parts", "must be on distinct nodes")
         for i, (_, gpus) in enumerate(parts):
@@ -248,8 +254,9 @@ class LeaseTable:
         for r in parts[i].resources:
             if self.owner.get(r) == lease.job:
                 del self.owner[r]
-        ended = replace(lease, parts=tuple(parts),
-                        outcome=lease.outcome or ("" if outcome == "done" else outcome))
+        ended = replace(lease, parts=tuple(parts), outcome=min(
+            (o for o in (lease.outcome, outcome) if o and o != "done"),
+            key=OUTCOMES.index, default=""))
         if all(p.outcome for p in parts):
             self._drop(lease.job)
             return {"ok": True, "token": lease.token, "outcome": ended.outcome or "done",

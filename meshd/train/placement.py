@@ -17,16 +17,17 @@ A candidate's cost is in seconds, so its parts add up and read plainly:
 * ``comm`` - for a gang spread over several nodes, the estimated RTT around the ring of
   its nodes times the collective rounds the job expects; 0 on one node.
 
-A gang prefers one node: its GPUs share a host, and no RTT is paid.  Only when no node has
-enough eligible GPUs are nodes combined, within one zone first.  A job that asks for
-``nodes`` (a ``torchrun --nnodes`` job) gets exactly that many, with an equal share of its
-GPUs on each; the node set is grown from each of the cheapest few nodes by adding the one that
-costs least counting its RTT to the set, so a far node joins only when it is much less busy.
+A multi-GPU job runs on one node (its GPUs share a host, and no RTT is paid) unless it asks
+for ``nodes`` (a ``torchrun --nnodes`` job): then it gets exactly that many, with an equal
+share of its GPUs on each (each rank runs the same command, so shares must match).  The
+node set is grown from each of the cheapest few nodes by adding the one that costs least
+counting its RTT to the set, so a far node joins only when it is much less busy.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -111,71 +112,51 @@ def rank(needs: Needs, slots: Iterable[GpuSlot], *, excluded_nodes: Collection[s
          busy: Collection[tuple[str, str]] = (), rtt: Callable[[str, str], float] | None = None,
          limit: int = 5) -> list[Candidate]:
     """The ``limit`` best candidates for ``needs``, cheapest first (ties by node and GPU
-    name, so every coordinator ranks alike), at most one per node: the list is the failover
-    order, and failing over to the node that just failed would not help.
+    name, so every coordinator ranks alike).  A job on one node gets at most one candidate
+    per node: the list is the failover order, and failing over to the node that just failed
+    would not help.  A gang (``needs.nodes`` > 1) gets node sets, which may overlap.
 
     ``excluded_nodes``: cordoned, draining or quarantined nodes; ``busy``: (node, gpu) pairs
     another job's live lease holds; ``rtt(a, b)``: estimated seconds between two nodes (for
-    gangs spread over nodes; without it such gangs are not formed).  Raises
-    :class:`Unplaceable` when no set of GPUs in ``slots`` could ever hold the job, whatever
-    is running: asking for more than the fleet has is an error, not a wait.
+    gangs; without it every pair counts as equally near).  Raises :class:`Unplaceable` when
+    no set of GPUs in ``slots`` could ever hold the job, whatever is running: asking for more
+    than the fleet has is an error, not a wait.
     """
     if needs.gpus < 1:
         raise ValueError("needs.gpus must be >= 1")
-    if needs.nodes > 1:
-        return _gang(needs, slots, excluded_nodes, busy, rtt or _no_rtt, limit)
-    by_node: dict[str, list[tuple[float, str, GpuSlot]]] = defaultdict(list)
-    could: dict[str, int] = defaultdict(int)
-    for slot in slots:
-        if not eligible(needs, slot):
-            continue
-        could[slot.node] += 1
-        if (slot.node in excluded_nodes or (slot.node, slot.gpu) in busy
-                or slot.vram_free_mb < needs.min_free_vram_mb):
-            continue
-        by_node[slot.node].append((slot_cost(needs, slot), slot.gpu, slot))
-    if sum(could.values()) < needs.gpus or (rtt is None and max(could.values(), default=0)
-                                            < needs.gpus):
-        raise Unplaceable(
-            f"no {needs.gpus} GPU(s) in the fleet match (type {needs.gpu_type or 'any'}, "
-            f">= {needs.min_free_vram_mb} MiB, zones {list(needs.zones) or 'any'}): the "
-            f"largest match is {max(could.values(), default=0)} on one node, "
-            f"{sum(could.values())} in all")
-    out: list[tuple[float, tuple[str, ...], Candidate]] = []
-    for node, costs in by_node.items():
-        if len(costs) < needs.gpus:
-            continue
-        chosen = heapq.nsmallest(needs.gpus, costs)
-        cost = max(c for c, _, _ in chosen)
-        cand = Candidate(tuple(s for _, _, s in chosen), cost, {"slowest": cost, "comm": 0.0})
-        out.append((cost, (node,) + tuple(g for _, g, _ in chosen), cand))
-    if not out and rtt is not None and needs.gpus > 1:
-        out = _spread(needs, by_node, rtt)
-    out.sort(key=lambda x: (x[0], x[1]))
-    return [c for _, _, c in out[:limit]]
-
-
-GANG_SEEDS = 8
-"""Cheapest nodes a fixed-size gang's node set is grown from."""
-GANG_POOL = 16
-"""A fixed-size gang of ``n`` nodes is chosen among the ``GANG_POOL + 4n`` cheapest: a busier
-node would only join for a shorter RTT, and that leaves several near sets to choose from
-while the RTTs looked up stay few (each is a Vivaldi estimate)."""
-
-
-def _no_rtt(a: str, b: str) -> float:
-    return 0.0
-
-
-def _gang(needs: Needs, slots: Iterable[GpuSlot], excluded_nodes: Collection[str],
-          busy: Collection[tuple[str, str]], rtt: Callable[[str, str], float],
-          limit: int) -> list[Candidate]:
-    """Candidates of exactly ``needs.nodes`` nodes with ``gpus / nodes`` GPUs each."""
-    per, rem = divmod(needs.gpus, needs.nodes)
+    per, rem = divmod(needs.gpus, max(1, needs.nodes))
     if per < 1 or rem:
         raise ValueError("needs.gpus must be a multiple of needs.nodes")
+    could, free = _usable(needs, slots, excluded_nodes, busy)
+    fits = sum(1 for n in could.values() if n >= per)
+    if fits < max(1, needs.nodes):
+        if needs.nodes > 1:
+            raise Unplaceable(
+                f"no {needs.nodes} nodes in the fleet have {per} matching GPU(s) each "
+                f"({_wanted(needs)}): {fits} do")
+        raise Unplaceable(
+            f"no node in the fleet has {needs.gpus} matching GPU(s) ({_wanted(needs)}): the "
+            f"most on one node is {max(could.values(), default=0)}; a job over several "
+            f"nodes says so with gpus.nodes")
+    best = {node: _share(costs, per) for node, costs in free.items() if len(costs) >= per}
+    if needs.nodes > 1:
+        return _gang(needs, best, rtt or _no_rtt, limit)
+    out = sorted((cost, (node, *(g for _, g, _ in chosen)), chosen)
+                 for node, (cost, chosen) in best.items())
+    return [Candidate(tuple(s for _, _, s in chosen), cost, {"slowest": cost, "comm": 0.0})
+            for cost, _, chosen in out[:limit]]
+
+
+Costed = tuple[float, str, GpuSlot]
+"""A free slot's cost for the job, its GPU id (for ties), and the slot."""
+
+
+def _usable(needs: Needs, slots: Iterable[GpuSlot], excluded_nodes: Collection[str],
+            busy: Collection[tuple[str, str]]
+            ) -> tuple[dict[str, int], dict[str, list[Costed]]]:
+    """Per node: how many slots could ever take the job, and the free ones, costed."""
     could: dict[str, int] = defaultdict(int)
-    free: dict[str, list[tuple[float, str, GpuSlot]]] = defaultdict(list)
+    free: dict[str, list[Costed]] = defaultdict(list)
     for slot in slots:
         if not eligible(needs, slot):
             continue
@@ -183,70 +164,76 @@ def _gang(needs: Needs, slots: Iterable[GpuSlot], excluded_nodes: Collection[str
         if not (slot.node in excluded_nodes or (slot.node, slot.gpu) in busy
                 or slot.vram_free_mb < needs.min_free_vram_mb):
             free[slot.node].append((slot_cost(needs, slot), slot.gpu, slot))
-    if sum(1 for n in could.values() if n >= per) < needs.nodes:
-        raise Unplaceable(
-            f"no {needs.nodes} nodes in the fleet have {per} matching GPU(s) each (type "
-            f"{needs.gpu_type or 'any'}, >= {needs.min_free_vram_mb} MiB, zones "
-            f"{list(needs.zones) or 'any'}): {sum(1 for n in could.values() if n >= per)} do")
-    best: dict[str, tuple[float, tuple[tuple[float, str, GpuSlot], ...]]] = {}
-    for node, costs in free.items():
-        if len(costs) >= per:
-            chosen = tuple(heapq.nsmallest(per, costs))
-            best[node] = (max(c for c, _, _ in chosen), chosen)
-    cheapest = sorted(best, key=lambda n: (best[n][0], n))[:GANG_POOL + 4 * needs.nodes]
-    cost = {n: best[n][0] for n in cheapest}
+    return could, free
+
+
+def _share(costs: list[Costed], per: int) -> tuple[float, tuple[Costed, ...]]:
+    """A node's ``per`` cheapest free slots, by GPU id, and the cost of the slowest."""
+    chosen = heapq.nsmallest(per, costs)
+    return max(c for c, _, _ in chosen), tuple(sorted(chosen, key=lambda c: c[1]))
+
+
+def _wanted(needs: Needs) -> str:
+    return (f"type {needs.gpu_type or 'any'}, >= {needs.min_free_vram_mb} MiB, zones "
+            f"{list(needs.zones) or 'any'}")
+
+
+GANG_SEEDS = 8
+"""Cheapest nodes a fixed-size gang's node set is grown from."""
+GANG_POOL = 16
+"""A fixed-size gang of ``n`` nodes is chosen among the ``GANG_POOL + 2n`` cheapest: a busier
+node would only join for a shorter RTT, and that leaves several near sets to choose from
+while the RTTs looked up stay few (each is a Vivaldi estimate)."""
+GANG_RINGS = 3
+"""Node sets (at least; ``limit`` if more) whose least-RTT ring is computed; the others are
+judged by the ring they grew in."""
+
+
+def _no_rtt(a: str, b: str) -> float:
+    return 0.0
+
+
+def _gang(needs: Needs, best: dict[str, tuple[float, tuple[Costed, ...]]],
+          rtt: Callable[[str, str], float], limit: int) -> list[Candidate]:
+    """Candidates of exactly ``needs.nodes`` of the nodes in ``best`` (each node's share)."""
+    names = sorted(best, key=lambda n: (best[n][0], n))[:GANG_POOL + 2 * needs.nodes]
+    cost = [best[n][0] for n in names]
     rounds = needs.collective_rounds
-    known: dict[tuple[str, str], float] = {}
+    rows: dict[int, list[float]] = {}
+
+    def row(i: int) -> list[float]:
+        """RTTs from ``names[i]`` to every candidate (looked up once per node)."""
+        if i not in rows:
+            rows[i] = [0.0 if j == i else rows[j][i] if j in rows else rtt(names[i], names[j])
+                       for j in range(len(names))]
+        return rows[i]
 
     def dist(a: str, b: str) -> float:
-        key = (a, b) if a < b else (b, a)
-        if key not in known:
-            known[key] = rtt(*key)
-        return known[key]
+        return row(index[a])[index[b]]
 
+    index = {n: i for i, n in enumerate(names)}
     groups: dict[tuple[str, ...], float] = {}
-    for seed in cheapest[:GANG_SEEDS]:
+    for seed in range(min(GANG_SEEDS, len(names))):
         group = [seed]
-        near = {n: dist(seed, n) for n in cheapest if n != seed}  # RTT to the group
-        while len(group) < needs.nodes and near:
-            nxt = min(near, key=lambda n: (cost[n] + rounds * near[n], n))
+        near = list(row(seed))  # RTT from each candidate to the group
+        near[seed] = math.inf
+        while len(group) < needs.nodes:
+            nxt = min(range(len(names)), key=lambda j: cost[j] + rounds * near[j])
+            if near[nxt] == math.inf:
+                break  # fewer candidates than nodes
             group.append(nxt)
-            del near[nxt]
-            for n in near:
-                d = dist(nxt, n)
-                if d < near[n]:
-                    near[n] = d
-        key = tuple(sorted(group))
+            near = [math.inf if a == math.inf else min(a, b) for a, b in zip(near, row(nxt),
+                                                                             strict=True)]
+            near[nxt] = math.inf
+        key = tuple(sorted(names[i] for i in group))
         if len(group) == needs.nodes and key not in groups:
-            # the order the group grew in is a fair ring; the best few get the real one
-            groups[key] = max(cost[n] for n in group) + rounds * ring_rtt(group, dist)
+            groups[key] = max(cost[i] for i in group) + rounds * ring_rtt(
+                [names[i] for i in group], dist)
     out = []
-    for key in sorted(groups, key=lambda k: (groups[k], k))[:limit]:
+    for key in sorted(groups, key=lambda k: (groups[k], k))[:max(limit, GANG_RINGS)]:
         ring = ring_order(key, dist)
         comm = ring_rtt(ring, dist) * rounds
-        slowest = max(cost[n] for n in ring)
-        picked = tuple(s for n in ring for _, _, s in sorted(best[n][1], key=lambda c: c[1]))
+        slowest = max(best[n][0] for n in ring)
+        picked = tuple(s for n in ring for _, _, s in best[n][1])
         out.append(Candidate(picked, slowest + comm, {"slowest": slowest, "comm": comm}))
-    return sorted(out, key=lambda c: (c.cost, c.nodes))
-
-
-def _spread(needs: Needs, by_node: dict[str, list[tuple[float, str, GpuSlot]]],
-            rtt: Callable[[str, str], float]) -> list[tuple[float, tuple[str, ...], Candidate]]:
-    """Gangs over several nodes, one per zone: the zone's cheapest GPUs, in ring order."""
-    zones: dict[str, list[tuple[float, str, GpuSlot]]] = defaultdict(list)
-    for costs in by_node.values():
-        for c in costs:
-            zones[c[2].zone].append(c)
-    out = []
-    for members in zones.values():
-        if len(members) < needs.gpus:
-            continue
-        chosen = heapq.nsmallest(needs.gpus, members, key=lambda c: (c[0], c[2].node, c[1]))
-        nodes = ring_order(sorted({s.node for _, _, s in chosen}), rtt)
-        comm = ring_rtt(nodes, rtt) * needs.collective_rounds
-        slowest = max(c for c, _, _ in chosen)
-        order = {n: i for i, n in enumerate(nodes)}
-        slots = tuple(sorted((s for _, _, s in chosen), key=lambda s: (order[s.node], s.gpu)))
-        cand = Candidate(slots, slowest + comm, {"slowest": slowest, "comm": comm})
-        out.append((slowest + comm, tuple(f"{s.node}/{s.gpu}" for s in slots), cand))
-    return out
+    return sorted(out, key=lambda c: (c.cost, c.nodes))[:limit]

@@ -21,8 +21,8 @@ the lease.  The rank learns its place from its environment (``MESHD_RANK``,
 ``MESHD_COMM_PORT``; and torchrun's ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``,
 ``NNODES``).  When one rank's part ends other than ``done`` or lapses, the others' renewals
 say ``stop`` and their ranks are stopped gracefully too.  A rank (or any job) that exits with
-``EXIT_RETRY`` (75, EX_TEMPFAIL: a peer vanished, say) is handed back to resume elsewhere
-from its last checkpoint rather than failed.
+``EXIT_RETRY`` (75, EX_TEMPFAIL: a peer vanished, say) is placed again to resume from its
+last checkpoint rather than failed; that counts as a lost attempt (``MAX_ATTEMPTS``).
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.model import CommStats
 from consensus.group import ConsensusError
+from meshd.state_api import comm_from
 from meshd.train.leases import LeaseKeeper
 from meshd.train.logs import log_path
+from meshd.train.scheduler import parts_of
+from proto.mesh.v1 import state_pb2
 
 if TYPE_CHECKING:
     from meshd.train.service import TrainService
@@ -56,7 +58,7 @@ RETRY = 0.5
 STOP_GRACE = 10.0
 """Seconds a job handed back (cancel, drain-migrate) gets between SIGTERM and SIGKILL."""
 EXIT_RETRY = 75
-"""Exit code (EX_TEMPFAIL) by which a job asks to be moved rather than failed."""
+"""Exit code (EX_TEMPFAIL) by which a job asks to run again rather than fail."""
 COMM_PORT_BASE = 20000
 COMM_PORT_SPAN = 150
 """A gang's ranks listen on ``COMM_PORT_BASE + (token % COMM_PORT_SPAN) * 64 + rank``: ports
@@ -74,7 +76,7 @@ class JobRun:
         self.token: int = job["token"]
         self.attempt: int = job["attempt"]
         self.spec: dict[str, Any] = job["job"]
-        parts = job.get("parts") or [{"node": service.node, "gpus": job["gpus"]}]
+        parts = parts_of(job)
         self.ring: list[str] = [p["node"] for p in parts]
         self.rank = self.ring.index(service.node)
         self.gpus: list[str] = list(parts[self.rank]["gpus"])
@@ -160,14 +162,12 @@ class JobRun:
             with contextlib.suppress(Exception):  # a timeout, or the reader's own error
                 await asyncio.wait_for(self._reader, 2.0)
         k = self.keeper
-        if self.leaving is not None:
+        if rc == 0:
+            outcome, message = "done", ""  # it finished, whatever it was asked meanwhile
+        elif self.leaving is not None:
             outcome, message = self.leaving
-            if rc == 0 and outcome == "cancelled":
-                outcome = "done"  # it finished before it saw the stop
-        elif rc == 0:
-            outcome, message = "done", ""
         elif rc == EXIT_RETRY:
-            outcome, message = "moved", (f"exit code {rc} (retry); see attempt-{self.attempt}"
+            outcome, message = "retry", (f"exit code {rc} (retry); see attempt-{self.attempt}"
                                          f".log on {self.service.node}")
         elif k is not None and not k.may_run(time.monotonic()):
             return "cut off"  # the watchdog fenced it; the lease is lapsing, not ours to end
@@ -305,17 +305,18 @@ class JobRun:
                     self.report = {**self.report, **doc}
 
     def _comm(self, doc: dict[str, Any]) -> None:
-        """Publish one collective timing the job printed (malformed ones are dropped)."""
+        """Publish one collective timing the job printed, checked as ``ReportCommStats``
+        checks one (a malformed one is dropped)."""
         try:
-            stats = CommStats(
-                job=self.name, op=str(doc["op"])[:64], seconds=float(doc["seconds"]),
-                bytes=int(doc.get("bytes", 0)), algorithm=str(doc.get("algorithm", ""))[:64],
-                world_size=int(doc.get("world_size", len(self.ring))),
-                peers=tuple(self.ring), at=time.time())
-        except (KeyError, TypeError, ValueError):
+            delta = state_pb2.CommStatsDelta(
+                job=self.name, op=doc["op"], seconds=doc["seconds"], bytes=doc.get("bytes", 0),
+                algorithm=doc.get("algorithm", ""), world_size=doc.get("world_size",
+                                                                       len(self.ring)),
+                peers=self.ring)
+            stats = comm_from(delta, time.time())
+        except (KeyError, TypeError, ValueError, ArithmeticError):
             return
-        if math.isfinite(stats.seconds) and stats.seconds >= 0 and 0 <= stats.bytes < 1 << 63:
-            self.service.report_comm(stats)
+        self.service.report_comm(stats)
 
     def _tell(self, line: str) -> None:
         """One command to the child's watchdog (see :mod:`meshd.train.watchdog`)."""

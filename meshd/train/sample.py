@@ -21,7 +21,8 @@ with 143, so the next attempt loses nothing.
 batches, the ranks sum their gradients with a ring all-reduce
 (:mod:`meshd.train.sample_ring`, over ``MESHD_RING_ADDRS``) and apply the mean.  Rank 0
 resumes from and writes the checkpoints (the start step and weights reach the other ranks
-through the ring), a SIGTERM on any rank stops every rank at the same step, and each rank
+through the ring), a SIGTERM on any rank stops every rank at the same step (the others exit
+with 75, so the stopped rank's outcome is the gang's), and each rank
 prints the all-reduce's time every ``checkpoint_every`` steps as ``{"comm": {...}}``.  A
 rank whose peer vanished exits with 75 (``EXIT_RETRY``): the job moves, it does not fail.
 """
@@ -82,7 +83,8 @@ def _save(directory: Path, step: int, w: np.ndarray) -> Path:
 
 
 EXIT_RETRY = 75
-"""Exit code asking the trainer to move the job (meshd.train.run.EXIT_RETRY)."""
+"""Exit code asking the trainer to run the job again (meshd.train.run.EXIT_RETRY; not
+imported from there: this child process stays light)."""
 
 
 def main() -> int:
@@ -147,6 +149,9 @@ def _fit(hp: dict[str, Any], directory: Path, rank: int, ring: Ring | None,
             took.clear()
         _emit(report)
         if halt and step < steps:
+            if not stop:  # another rank was stopped: this one is not at fault
+                _emit({"message": f"stopped at step {step}: another rank was stopped"})
+                return EXIT_RETRY
             _emit({"message": f"stopped at step {step} (SIGTERM); checkpoint saved"})
             return 128 + signal.SIGTERM
     return 0

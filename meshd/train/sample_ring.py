@@ -1,11 +1,12 @@
 """The sample job's collective: a ring all-reduce over TCP between a gang's ranks.
 
-Rank ``r`` listens on ``MESHD_RING_ADDRS[r]:MESHD_COMM_PORT + r`` and connects to rank
-``r + 1`` (mod ``n``); both ends check the lease token, so a rank of an older attempt (or
-another job) never joins.  The vectors are small (the sample's weights), so the all-reduce
-passes a running sum once around the ring and the total once more: ``2(n - 1)`` hops, the
+Rank ``r`` listens on port ``MESHD_COMM_PORT + r`` and connects to rank ``r + 1`` (mod
+``n``) at ``MESHD_RING_ADDRS[r + 1]``; both ends check the lease token, so a rank of an older
+attempt (or another job) never joins.  The vectors are small (the sample's weights), so the
+all-reduce passes a running sum once around the ring and the total once more: ``2(n - 1)`` hops, the
 step count of a bandwidth-optimal ring all-reduce.  A peer that does not answer within
-``timeout`` seconds raises :class:`PeerLost`: the job exits to be placed again.
+``timeout`` seconds, or a link that cannot be set up at all (the port is taken), raises
+:class:`PeerLost`: the job exits to be placed again.
 """
 
 from __future__ import annotations
@@ -33,12 +34,19 @@ class Ring:
     def __init__(self, rank: int, addrs: list[str], port: int, token: int,
                  timeout: float = 60.0) -> None:
         self.rank, self.n, self.token, self.timeout = rank, len(addrs), token, timeout
-        self._listener = socket.create_server((addrs[rank], port + rank), reuse_port=False)
+        self._next: socket.socket | None = None
+        self._prev: socket.socket | None = None
         nxt = (rank + 1) % self.n
         deadline = time.monotonic() + timeout
-        self._next = self._connect((addrs[nxt], port + nxt), deadline)
-        self._prev = self._accept(deadline)
-        self._listener.close()
+        try:
+            with socket.create_server(("", port + rank)) as listener:
+                self._next = self._connect((addrs[nxt], port + nxt), deadline)
+                self._prev = self._accept(listener, deadline)
+        except OSError as exc:  # PeerLost included
+            self.close()
+            if isinstance(exc, PeerLost):
+                raise
+            raise PeerLost(f"the ring's links could not be set up: {exc}") from None
 
     def _connect(self, where: tuple[str, int], deadline: float) -> socket.socket:
         while True:
@@ -51,23 +59,32 @@ class Ring:
                                    f"did not come: {exc}") from None
                 time.sleep(0.2)
                 continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self.timeout)
-            sock.sendall(HELLO.pack(self.token, self.rank))
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(self.timeout)
+                sock.sendall(HELLO.pack(self.token, self.rank))
+            except OSError:
+                sock.close()
+                raise
             return sock
 
-    def _accept(self, deadline: float) -> socket.socket:
+    def _accept(self, listener: socket.socket, deadline: float) -> socket.socket:
         prev = (self.rank - 1) % self.n
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PeerLost(f"rank {prev} did not connect")
-            self._listener.settimeout(left)
+            listener.settimeout(left)
             try:
-                sock, _ = self._listener.accept()
-                sock.settimeout(self.timeout)
+                sock, _ = listener.accept()
+            except OSError:
+                continue
+            try:
+                sock.settimeout(max(0.1, min(left, self.timeout)))
                 token, rank = HELLO.unpack(_exact(sock, HELLO.size))
+                sock.settimeout(self.timeout)
             except (OSError, PeerLost):
+                sock.close()
                 continue
             if token == self.token and rank == prev:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -95,12 +112,14 @@ class Ring:
 
     def _send(self, v: np.ndarray) -> None:
         data = v.tobytes()
+        assert self._next is not None
         try:
             self._next.sendall(LENGTH.pack(len(data)) + data)
         except OSError as exc:
             raise PeerLost(f"rank {(self.rank + 1) % self.n} went away: {exc}") from None
 
     def _recv(self) -> np.ndarray:
+        assert self._prev is not None
         (size,) = LENGTH.unpack(_exact(self._prev, LENGTH.size))
         if size > MAX_FRAME or size % 8:
             raise PeerLost(f"rank {(self.rank - 1) % self.n} sent a bad frame ({size} bytes)")
@@ -108,8 +127,9 @@ class Ring:
 
     def close(self) -> None:
         for sock in (self._next, self._prev):
-            with contextlib.suppress(OSError):
-                sock.close()
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
 
 
 def _exact(sock: socket.socket, size: int) -> bytes:

@@ -67,8 +67,8 @@ def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
 
     ``jobs``: TrainingJob specs with ``name`` added; ``placements``: TrainingPlacement specs by
     job; ``quotas``: tenant -> GPUs its jobs may hold at once (TenantQuota ``training_gpus``;
-    absent or None = unlimited); ``rtt(a, b)``: estimated seconds between two nodes, which
-    lets a job span several nodes (see :func:`meshd.train.placement.rank`).  A lapsed lease
+    absent or None = unlimited); ``rtt(a, b)``: estimated seconds between two nodes, for
+    jobs over several nodes (see :func:`meshd.train.placement.rank`).  A lapsed lease
     is reaped (``expire``) before its job is placed again, on the next tick.  Queued jobs go
     by priority, then age; each takes the best candidate not already taken this tick.  A job
     its tenant's quota cannot take now waits, and lower-priority jobs of other tenants go
@@ -77,14 +77,16 @@ def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
     out: list[dict[str, Any]] = []
     jobs = list(jobs)
     by_name = {j["name"]: j for j in jobs}
-    busy = {(part["node"], g) for p in placements.values() for part in parts_of(p)
+    live = {name: [part for part in parts_of(p) if not part.get("outcome")]
+            for name, p in placements.items()}  # a released part's rank has exited
+    busy = {(part["node"], g) for parts in live.values() for part in parts
             for g in part["gpus"]}
     quotas = quotas or {}
     held: Counter[str] = Counter()
-    for name, p in placements.items():
+    for name, parts in live.items():
         if name in by_name:
             held[by_name[name]["job"]["tenant"]] += sum(len(part["gpus"]) or 1
-                                                        for part in parts_of(p))
+                                                        for part in parts)
     for name, p in sorted(placements.items()):
         j = by_name.get(name)
         expires = float((p.get("lease") or {}).get("expires_unix", 0.0))

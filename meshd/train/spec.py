@@ -112,7 +112,7 @@ JOB_SPEC = Object({
         "type": Field(Text(0, 128), "", "GPU product name to match; empty = any"),
         "nodes": Field(Integer(ge=0, le=MAX_NODES), 0,
                        "nodes it spans, an equal share of count on each (a CPU job: one "
-                       "slot each); 0 = as few as fit"),
+                       "slot each); 0 or 1 = one node"),
     }), {}, "what the job needs of its GPUs"),
     "zones": Field(ListOf(name_check()), [], "zones it may run in; empty = any"),
     "tenant": Field(name_check(), "default", "whose quota it counts against"),
