@@ -22,7 +22,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,10 +37,10 @@ from bench.table import (  # noqa: E402
     print_table,
     verdict,
 )
-from meshd.train.links import link_rtt  # noqa: E402
-from meshd.train.placement import GpuSlot, Needs, rank  # noqa: E402
+from meshd.train.links import link_rows, link_rtt  # noqa: E402
+from meshd.train.placement import GpuSlot, Needs, Rtt, RttRows, rank  # noqa: E402
 from topology.coordinate import Coordinate  # noqa: E402
-from topology.estimate import estimate  # noqa: E402
+from topology.estimate import estimate, rtt_rows  # noqa: E402
 from topology.zones import Place, relation  # noqa: E402
 
 BAR_MS = 5.0
@@ -68,16 +68,20 @@ def build(gpus: int, per_node: int, rng: random.Random, spread: bool = False
     return slots, excluded, busy, coords
 
 
-def vivaldi_rtt(coords: dict[str, tuple]) -> Callable[[str, str], float]:
+def vivaldi_rtt(coords: dict[str, tuple]) -> tuple[Rtt, RttRows]:
     """The scheduler's own RTT path (``TrainService.rtt``): Vivaldi estimates between settled
-    8-dimensional coordinates, with zone labels, under the collective-timing feedback."""
+    8-dimensional coordinates, with zone labels, under the collective-timing feedback; pair
+    by pair and all pairs at once."""
     coord = {n: Coordinate((x / 1000, y / 1000, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 0.05, 0.0,
                            1e-5) for n, (x, y) in coords.items()}
     place = {n: Place(f"z{int(n[-4:]) % 4}", "r1") for n in coords}
 
     def est(a: str, b: str) -> float | None:
         return estimate(coord[a], coord[b], relation(place[a], place[b], a == b)).rtt
-    return link_rtt(est, {})
+
+    def rows(names: Sequence[str]) -> list[list[float | None]]:
+        return rtt_rows([coord[n] for n in names], [place[n] for n in names])
+    return link_rtt(est, {}), link_rows(rows, {})
 
 
 def main() -> int:
@@ -103,12 +107,13 @@ def main() -> int:
     for name, needs, spread in cases:
         slots, excluded, busy, coords = build(args.gpus, args.per_node, rng, spread)
 
-        rtt = vivaldi_rtt(coords)
+        rtt, rows = vivaldi_rtt(coords)
 
         took, found = [], 0
         for _ in range(args.calls):
             t0 = time.perf_counter_ns()
-            got = rank(needs, slots, excluded_nodes=excluded, busy=busy, rtt=rtt)
+            got = rank(needs, slots, excluded_nodes=excluded, busy=busy, rtt=rtt,
+                       rtt_rows=rows)
             took.append((time.perf_counter_ns() - t0) / 1e6)
             found = len(got)
         d = distribution(took)

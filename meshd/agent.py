@@ -170,6 +170,7 @@ class Agent:
                                   self._gpus_of, trainer="trainer" in settings.roles,
                                   data_dir=Path(settings.data_path()),
                                   rtt=lambda a, b: self.coordinates.estimate(a, b).rtt,
+                                  rtt_rows=self.coordinates.rtt_rows,
                                   comm_of=self._comm_stats, report_comm=self.signals.report_comm)
         self.scorer = Scorer(self.signals.fused, zone=settings.zone, policy=self._policy_spec,
                              policy_version=lambda: self._policy_store.version,

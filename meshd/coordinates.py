@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gossip.state import Member
@@ -19,7 +19,7 @@ from topology import wire
 from topology.client import VivaldiClient
 from topology.config import VivaldiConfig
 from topology.coordinate import Coordinate
-from topology.estimate import Estimate, estimate
+from topology.estimate import Estimate, estimate, rtt_rows
 from topology.zones import Place, ZonePriors, relation
 
 
@@ -126,6 +126,11 @@ class CoordinatePlane:
         place_a, place_b = self.place_of(a) or Place(), self.place_of(b) or Place()
         return estimate(self.coordinate_of(a), self.coordinate_of(b),
                         relation(place_a, place_b, same_node=a == b), self.priors)
+
+    def rtt_rows(self, names: Sequence[str]) -> list[list[float | None]]:
+        """:meth:`estimate`'s RTT between every two of ``names`` (``rows[i][j]``), at once."""
+        return rtt_rows([self.coordinate_of(n) for n in names],
+                        [self.place_of(n) or Place() for n in names], self.priors)
 
     def _decode(self, data: bytes) -> Coordinate | None:
         if not data:

@@ -404,3 +404,18 @@ def test_a_ranks_malformed_comm_lines_are_dropped(tmp_path: Path) -> None:
     run._comm({"op": "all_reduce", "seconds": 0.01, "bytes": 136, "algorithm": "ring"})
     [c] = got
     assert (c.job, c.peers, c.world_size, c.seconds) == ("g", ("a", "b"), 2, 0.01)
+
+
+def test_link_rows_answer_what_link_rtt_answers_for_every_pair() -> None:
+    from meshd.train.links import link_rows
+
+    names = ["a", "b", "c", "z"]
+    measured = {("a", "b"): 0.1, ("b", "c"): 0.0001}
+
+    def est(a: str, b: str) -> float | None:
+        return None if "z" in (a, b) else 0.001 * (ord(a) + ord(b) - 2 * ord("a"))
+
+    rows = link_rows(lambda ns: [[0.0 if a == b else est(a, b) for b in ns] for a in ns],
+                     measured)(names)
+    one = link_rtt(est, measured)
+    assert rows == [[one(a, b) for b in names] for a in names]

@@ -749,3 +749,28 @@ def test_estimate_uses_given_priors() -> None:
     priors = ZonePriors(cross_region=0.150, confidence=0.3)
     e = estimate(None, None, Relation.CROSS_REGION, priors)
     assert (e.rtt, e.confidence, e.source) == (0.150, 0.3, "zone")
+
+
+@given(st.integers(0, 2**32))
+@settings(max_examples=100, deadline=None)
+def test_rtt_rows_give_every_pairs_estimate(seed: int) -> None:
+    """The scheduler's all-pairs form answers exactly what ``estimate`` answers pair by pair:
+    settled and unsettled coordinates, missing ones, other dimensions, every zone relation."""
+    from topology.estimate import rtt_rows
+
+    rng = random.Random(seed)
+    coords: list[Coordinate | None] = []
+    places = []
+    for _ in range(rng.randint(0, 9)):
+        dims = rng.choice([8, 8, 8, 3])
+        coords.append(None if rng.random() < 0.2 else Coordinate(
+            tuple(rng.uniform(-0.05, 0.05) for _ in range(dims)), rng.choice(
+                [0.05, 0.5, 0.75, 1.0, 1.5]), rng.uniform(-0.01, 0.01), rng.uniform(1e-5, 0.01)))
+        places.append(Place(rng.choice(["", "a", "b"]), rng.choice(["", "r1", "r2"])))
+    rows = rtt_rows(coords, places)
+    for i, a in enumerate(coords):
+        for j, b in enumerate(coords):
+            want = estimate(a, b, relation(places[i], places[j], same_node=i == j)).rtt
+            got = rows[i][j]
+            assert got == want or (got is not None and want is not None
+                                   and got == pytest.approx(want, rel=1e-12)), (i, j)

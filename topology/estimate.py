@@ -8,10 +8,11 @@ used as a sanity check that lowers confidence when the coordinates contradict th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topology.coordinate import Coordinate
-from topology.zones import Relation, ZonePriors
+from topology.zones import Place, Relation, ZonePriors, relation
 
 MIN_COORDINATE_CONFIDENCE = 0.25
 """Below this (a pair error above 0.75), labels answer instead of coordinates when they can."""
@@ -60,3 +61,25 @@ def estimate(a: Coordinate | None, b: Coordinate | None, rel: Relation,
     if coord_est is not None:
         return coord_est
     return Estimate(None, float("inf"), 0.0, "none", rel)
+
+
+def rtt_rows(coords: Sequence[Coordinate | None], places: Sequence[Place],
+             priors: ZonePriors | None = None) -> list[list[float | None]]:
+    """Every pair's :func:`estimate` RTT at once: ``rows[i][j]`` between nodes ``i`` and
+    ``j``.  The same numbers, without building an :class:`Estimate` per pair: the training
+    scheduler's gang search needs all pairs of tens of nodes within its few milliseconds."""
+    priors = priors or ZonePriors()
+    n = len(coords)
+    rows: list[list[float | None]] = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        a, row = coords[i], rows[i]
+        for j in range(i + 1, n):
+            b = coords[j]
+            rtt: float | None
+            if a is not None and b is not None and a.is_compatible_with(b) and min(
+                    1.0, max(0.0, 1.0 - (a.error + b.error) / 2.0)) >= MIN_COORDINATE_CONFIDENCE:
+                rtt = a.distance_to(b)  # settled: what estimate() answers, labels aside
+            else:
+                rtt = estimate(a, b, relation(places[i], places[j]), priors).rtt
+            row[j] = rows[j][i] = rtt
+    return rows

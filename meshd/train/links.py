@@ -15,7 +15,7 @@ while the rings that avoid it show fast ones, so the next plan's ring routes aro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from adapters.model import CommStats
 
@@ -50,6 +50,21 @@ def observed_hops(stats: Iterable[CommStats], now: float) -> dict[Hop, float]:
             if h[0] != h[1]:
                 out[h] = min(out.get(h, per_step), per_step)
     return out
+
+
+def link_rows(estimate_rows: Callable[[Sequence[str]], list[list[float | None]]],
+              observed: dict[Hop, float]) -> Callable[[Sequence[str]], list[list[float]]]:
+    """:func:`link_rtt` for every pair of ``names`` at once (``rows[i][j]``)."""
+    def rows(names: Sequence[str]) -> list[list[float]]:
+        out = [[UNKNOWN_RTT if v is None else v for v in row] for row in estimate_rows(names)]
+        for i, a in enumerate(names):
+            out[i][i] = 0.0
+            for j, b in enumerate(names):
+                seen = observed.get(hop(a, b)) if observed else None
+                if seen is not None and seen > out[i][j] and a != b:
+                    out[i][j] = seen
+        return out
+    return rows
 
 
 def link_rtt(estimate: Callable[[str, str], float | None],

@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from meshd.train.ring import ring_order, ring_rtt
@@ -108,9 +108,14 @@ def slot_cost(needs: Needs, slot: GpuSlot) -> float:
     return slot.backlog_s + needs.work_s / (slot.speed * share) + FIT_SECONDS * unused
 
 
+Rtt = Callable[[str, str], float]
+RttRows = Callable[[Sequence[str]], list[list[float]]]
+"""``rows(names)[i][j]``: the RTT between ``names[i]`` and ``names[j]``, every pair at once."""
+
+
 def rank(needs: Needs, slots: Iterable[GpuSlot], *, excluded_nodes: Collection[str] = (),
-         busy: Collection[tuple[str, str]] = (), rtt: Callable[[str, str], float] | None = None,
-         limit: int = 5) -> list[Candidate]:
+         busy: Collection[tuple[str, str]] = (), rtt: Rtt | None = None,
+         rtt_rows: RttRows | None = None, limit: int = 5) -> list[Candidate]:
     """The ``limit`` best candidates for ``needs``, cheapest first (ties by node and GPU
     name, so every coordinator ranks alike).  A job on one node gets at most one candidate
     per node: the list is the failover order, and failing over to the node that just failed
@@ -118,7 +123,8 @@ def rank(needs: Needs, slots: Iterable[GpuSlot], *, excluded_nodes: Collection[s
 
     ``excluded_nodes``: cordoned, draining or quarantined nodes; ``busy``: (node, gpu) pairs
     another job's live lease holds; ``rtt(a, b)``: estimated seconds between two nodes (for
-    gangs; without it every pair counts as equally near).  Raises :class:`Unplaceable` when
+    gangs; without it every pair counts as equally near), and ``rtt_rows`` the same for many
+    pairs at once (faster, when the estimator can).  Raises :class:`Unplaceable` when
     no set of GPUs in ``slots`` could ever hold the job, whatever is running: asking for more
     than the fleet has is an error, not a wait.
     """
@@ -140,7 +146,7 @@ def rank(needs: Needs, slots: Iterable[GpuSlot], *, excluded_nodes: Collection[s
             f"nodes says so with gpus.nodes")
     best = {node: _share(costs, per) for node, costs in free.items() if len(costs) >= per}
     if needs.nodes > 1:
-        return _gang(needs, best, rtt or _no_rtt, limit)
+        return _gang(needs, best, rtt or _no_rtt, rtt_rows, limit)
     out = sorted((cost, (node, *(g for _, g, _ in chosen)), chosen)
                  for node, (cost, chosen) in best.items())
     return [Candidate(tuple(s for _, _, s in chosen), cost, {"slowest": cost, "comm": 0.0})
@@ -193,13 +199,13 @@ def _no_rtt(a: str, b: str) -> float:
     return 0.0
 
 
-def _gang(needs: Needs, best: dict[str, tuple[float, tuple[Costed, ...]]],
-          rtt: Callable[[str, str], float], limit: int) -> list[Candidate]:
+def _gang(needs: Needs, best: dict[str, tuple[float, tuple[Costed, ...]]], rtt: Rtt,
+          rtt_rows: RttRows | None, limit: int) -> list[Candidate]:
     """Candidates of exactly ``needs.nodes`` of the nodes in ``best`` (each node's share)."""
     names = sorted(best, key=lambda n: (best[n][0], n))[:GANG_POOL + 2 * needs.nodes]
     cost = [best[n][0] for n in names]
     rounds = needs.collective_rounds
-    rows: dict[int, list[float]] = {}
+    rows: dict[int, list[float]] = dict(enumerate(rtt_rows(names))) if rtt_rows else {}
 
     def row(i: int) -> list[float]:
         """RTTs from ``names[i]`` to every candidate (looked up once per node)."""

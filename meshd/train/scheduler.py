@@ -10,12 +10,12 @@ is the judge: a command built on a stale view is refused there (``live``, ``busy
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from adapters.model import GpuState
-from meshd.train.placement import GpuSlot, Unplaceable, rank
+from meshd.train.placement import GpuSlot, Rtt, RttRows, Unplaceable, rank
 from meshd.train.spec import parse_job
 
 TTL = 5.0
@@ -62,17 +62,17 @@ def parts_of(placement: dict[str, Any]) -> list[dict[str, Any]]:
 def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
          trainers: Collection[Trainer], now: float, *, ttl: float = TTL,
          start_timeout: float = START_TIMEOUT, quotas: Mapping[str, int | None] | None = None,
-         rtt: Callable[[str, str], float] | None = None) -> list[dict[str, Any]]:
+         rtt: Rtt | None = None, rtt_rows: RttRows | None = None) -> list[dict[str, Any]]:
     """Commands for this tick.
 
     ``jobs``: TrainingJob specs with ``name`` added; ``placements``: TrainingPlacement specs by
     job; ``quotas``: tenant -> GPUs its jobs may hold at once (TenantQuota ``training_gpus``;
-    absent or None = unlimited); ``rtt(a, b)``: estimated seconds between two nodes, for
-    jobs over several nodes (see :func:`meshd.train.placement.rank`).  A lapsed lease
-    is reaped (``expire``) before its job is placed again, on the next tick.  Queued jobs go
-    by priority, then age; each takes the best candidate not already taken this tick.  A job
-    its tenant's quota cannot take now waits, and lower-priority jobs of other tenants go
-    ahead of it.
+    absent or None = unlimited); ``rtt(a, b)`` and ``rtt_rows(names)``: estimated seconds
+    between nodes, for jobs over several nodes (see :func:`meshd.train.placement.rank`).  A
+    lapsed lease is reaped (``expire``) before its job is placed again, on the next tick.
+    Queued jobs go by priority, then age; each takes the best candidate not already taken
+    this tick.  A job its tenant's quota cannot take now waits, and lower-priority jobs of
+    other tenants go ahead of it.
     """
     out: list[dict[str, Any]] = []
     jobs = list(jobs)
@@ -107,11 +107,11 @@ def plan(jobs: Iterable[dict[str, Any]], placements: dict[str, dict[str, Any]],
         slots = offered[spec.cpu_only]
         try:
             candidates = rank(needs, slots, excluded_nodes=blocked | set(j["tried"]),
-                              busy=busy, rtt=rtt, limit=1)
+                              busy=busy, rtt=rtt, rtt_rows=rtt_rows, limit=1)
             if not candidates and now - (j.get("queued_at") or 0.0) >= TRIED_AFTER:
                 # a node where a lease lapsed is the last resort, not excluded for good
                 candidates = rank(needs, slots, excluded_nodes=blocked, busy=busy, rtt=rtt,
-                                  limit=1)
+                                  rtt_rows=rtt_rows, limit=1)
         except Unplaceable:  # the trainer that could hold it left; it waits for one
             continue
         if not candidates:  # every eligible slot is leased, or its node is not schedulable

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,8 @@ from adapters.model import CommStats
 from consensus.group import ConsensusError
 from gossip.protocol import Swim
 from meshd.control import ControlPlane
-from meshd.train.links import link_rtt, observed_hops
+from meshd.train.links import link_rows, link_rtt, observed_hops
+from meshd.train.placement import Rtt, RttRows
 from meshd.train.run import JobRun
 from meshd.train.scheduler import Trainer, cpu_slots, gpu_slots, parts_of, plan
 
@@ -45,6 +46,7 @@ class TrainService:
     def __init__(self, node: str, control: ControlPlane, swim: Callable[[], Swim | None],
                  gpus_of: Callable[[str], list[Any]], *, trainer: bool, data_dir: Path,
                  rtt: Callable[[str, str], float | None] = lambda a, b: None,
+                 rtt_rows: Callable[[Sequence[str]], list[list[float | None]]] | None = None,
                  comm_of: Callable[[], list[CommStats]] = list,
                  report_comm: Callable[[CommStats], None] = lambda stats: None) -> None:
         self.node = node
@@ -52,6 +54,7 @@ class TrainService:
         self._swim = swim
         self._gpus_of = gpus_of
         self._rtt = rtt
+        self._rtt_rows = rtt_rows
         self._comm_of = comm_of
         self.report_comm = report_comm
         """Takes the collective timings this node's jobs print (fed back into plans)."""
@@ -116,10 +119,13 @@ class TrainService:
         store = self.control.views["placements"].store
         return {d.document.name: d.document.spec for d in store.list("TrainingPlacement")}
 
-    def rtt(self) -> Callable[[str, str], float]:
-        """Seconds between two nodes for this tick's plans: Vivaldi's estimate, raised to what
-        the gangs' collectives measured over that hop (:mod:`meshd.train.links`)."""
-        return link_rtt(self._rtt, observed_hops(self._comm_of(), time.time()))
+    def rtt(self) -> tuple[Rtt, RttRows | None]:
+        """Seconds between nodes for this tick's plans, pair by pair and all pairs at once:
+        Vivaldi's estimate, raised to what the gangs' collectives measured over each hop
+        (:mod:`meshd.train.links`)."""
+        observed = observed_hops(self._comm_of(), time.time())
+        rows = link_rows(self._rtt_rows, observed) if self._rtt_rows is not None else None
+        return link_rtt(self._rtt, observed), rows
 
     def address_of(self, node: str) -> str:
         """The host ``node`` gossips from (where its ranks listen), or "" if unknown."""
@@ -128,8 +134,9 @@ class TrainService:
         return m.addr[0] if m is not None else ""
 
     async def _schedule(self) -> None:
+        rtt, rows = self.rtt()
         for cmd in plan(self.jobs(), self.placements(), self.trainers(), time.time(),
-                        quotas=self.quotas(), rtt=self.rtt()):
+                        quotas=self.quotas(), rtt=rtt, rtt_rows=rows):
             try:
                 result = await self.control.write("placements", cmd, WRITE_TIMEOUT,
                                                   f"meshd/{self.node} (scheduler)")
