@@ -107,13 +107,13 @@ def main() -> int:
     for name, needs, spread in cases:
         slots, excluded, busy, coords = build(args.gpus, args.per_node, rng, spread)
 
-        rtt, rows = vivaldi_rtt(coords)
+        rtt, all_pairs = vivaldi_rtt(coords)
 
         took, found = [], 0
         for _ in range(args.calls):
             t0 = time.perf_counter_ns()
             got = rank(needs, slots, excluded_nodes=excluded, busy=busy, rtt=rtt,
-                       rtt_rows=rows)
+                       rtt_rows=all_pairs)
             took.append((time.perf_counter_ns() - t0) / 1e6)
             found = len(got)
         d = distribution(took)
