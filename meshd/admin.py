@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import logging
 import time
 from collections import Counter
 
@@ -18,6 +19,7 @@ from certs.spiffe import SpiffeError, SpiffeId
 from gossip.keyring import KEY_BYTES, KeyringError
 from gossip.protocol import Swim
 from gossip.state import ROLES, Status
+from meshd import logs
 from meshd.authz import CALLER, Authorizer, AuthzInterceptor
 from meshd.control import ControlPlane
 from meshd.coordinates import CoordinatePlane
@@ -38,6 +40,9 @@ def coordinate_pb(coord: Coordinate) -> admin_pb2.Coordinate:
                                 adjustment=coord.adjustment, height=coord.height)
 
 
+log = logging.getLogger("meshd.control")
+
+
 def estimate_pb(est: Estimate) -> admin_pb2.RttEstimate:
     return admin_pb2.RttEstimate(rtt_seconds=est.rtt or 0.0,
                                  error=est.error if est.rtt is not None else 0.0,
@@ -46,11 +51,12 @@ def estimate_pb(est: Estimate) -> admin_pb2.RttEstimate:
 
 
 READ_ONLY = ("Members", "Rtt", "Whoami", "KeysList", "PolicyGet", "PolicyList", "RaftStatus",
-             "SubscribeEvents", "State", "GetJob", "ListJobs", "JobLogs")
+             "SubscribeEvents", "State", "GetJob", "ListJobs", "JobLogs", "LogLevels")
 STATE_REPORTS = ("ReportModelState", "ReportGpuState", "ReportCommStats")
 """StatePlane feeds: runtimes' exporters run as operators or with a node certificate."""
 OPERATIONAL: tuple[str, ...] = ("Cordon", "Uncordon", "Drain", "Quarantine", "PolicyApply",
-                                "PolicyDelete", "SubmitJob", "CancelJob", *STATE_REPORTS)
+                                "PolicyDelete", "SubmitJob", "CancelJob", "SetLogLevel",
+                                *STATE_REPORTS)
 ADMIN_ONLY = ("KeysChange", "TokenCreate", "Revoke")
 NODE_METHODS = (*NODE_ONLY, "Subscribe", *STATE_REPORTS)
 METHODS = tuple(dict.fromkeys(READ_ONLY + OPERATIONAL + ADMIN_ONLY + NODE_METHODS))
@@ -133,6 +139,29 @@ class AdminService(PolicyAdmin, JobsAdmin, admin_pb2_grpc.AdminServicer):
         return admin_pb2.WhoamiResponse(principal=caller.label, roles=sorted(caller.roles),
                                         kind=caller.kind,
                                         server=str(self.security.identity.spiffe_id))
+
+    async def LogLevels(self, request: admin_pb2.LogLevelsRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> admin_pb2.LogLevelsResponse:
+        return self._log_levels()
+
+    async def SetLogLevel(self, request: admin_pb2.SetLogLevelRequest,  # noqa: N802
+                          context: grpc.aio.ServicerContext) -> admin_pb2.LogLevelsResponse:
+        try:
+            logs.set_level(request.layer, request.level)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        caller = CALLER.get()
+        log.info("log level set", extra={
+            "event": "log_level_set", "layer": request.layer or "*",
+            "to": request.level or "inherit", "by": caller.label if caller else ""})
+        return self._log_levels()
+
+    def _log_levels(self) -> admin_pb2.LogLevelsResponse:
+        level, layers = logs.levels()
+        return admin_pb2.LogLevelsResponse(
+            node=self.control.node, level=level,
+            layers=[admin_pb2.LayerLevel(layer=n, level=lv, inherited=i)
+                    for n, lv, i in layers])
 
     def _live_keyrings(self) -> dict[str, dict[str, object]]:
         """What each live member last gossiped about its keyring (ours: as it is now)."""

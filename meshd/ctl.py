@@ -122,6 +122,24 @@ def whoami(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
     return 0
 
 
+def log_level(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
+    """List the answering node's log levels, or set one: ``LEVEL`` (overall) or ``LAYER
+    LEVEL`` (``inherit`` gives the layer back to the overall level)."""
+    if len(args.words) > 2:
+        print("meshctl: log-level takes [LAYER] [LEVEL]", file=sys.stderr)
+        return 2
+    if args.words:
+        layer, level = ("", args.words[0]) if len(args.words) == 1 else args.words
+        resp = stub.SetLogLevel(admin_pb2.SetLogLevelRequest(
+            layer=layer, level="" if level == "inherit" else level), timeout=args.timeout)
+    else:
+        resp = stub.LogLevels(admin_pb2.LogLevelsRequest(), timeout=args.timeout)
+    print(f"{resp.node}: {resp.level}")
+    for x in resp.layers:
+        print(f"  {x.layer:10s} {x.level}{' (inherited)' if x.inherited else ''}")
+    return 0
+
+
 def keys(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
     if args.op == "list":
         resp = stub.KeysList(admin_pb2.KeysListRequest(), timeout=args.timeout)
@@ -249,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=rtt)
     w = sub.add_parser("whoami", help="who the admin API takes you for, and your roles")
     w.set_defaults(func=whoami)
+    ll = sub.add_parser("log-level", help="the answering node's log levels; set one with "
+                                          "[LAYER] LEVEL (debug|info|warning|error|inherit)")
+    ll.add_argument("words", nargs="*", metavar="[LAYER] LEVEL")
+    ll.set_defaults(func=log_level)
     k = sub.add_parser("keys", help="gossip encryption keys across the mesh")
     k.add_argument("op", choices=["list", "install", "use", "remove"])
     k.add_argument("key", nargs="?", help="base64 of a 32-byte key (install/use/remove)")

@@ -38,6 +38,48 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, separators=(",", ":"))
 
 
+LEVELS = ("debug", "info", "warning", "error")
+LAYERS = {
+    "agent": "the agent's start, stop and loops",
+    "gossip": "SWIM membership and the gossip transport",
+    "raft": "the Raft groups' transport and journal",
+    "control": "policy reads, writes and node flags",
+    "security": "certificates, enrollment, revocation",
+    "signals": "runtime and GPU telemetry, peers' signals",
+    "adapters": "the Triton and NVML adapters",
+    "score": "the scoring API and its decisions",
+    "router": "the router's requests, hedges and failovers",
+    "health": "automatic quarantine",
+    "train": "the training scheduler and trainer",
+}
+"""The layers whose level can be set on their own (logger ``meshd.<layer>``)."""
+
+
+def levels() -> tuple[str, list[tuple[str, str, bool]]]:
+    """The overall level and, per layer, (layer, effective level, inherited)."""
+    root = logging.getLogger("meshd")
+    out = []
+    for layer in LAYERS:
+        logger = logging.getLogger(f"meshd.{layer}")
+        out.append((layer, logging.getLevelName(logger.getEffectiveLevel()).lower(),
+                    logger.level == logging.NOTSET))
+    return logging.getLevelName(root.getEffectiveLevel()).lower(), out
+
+
+def set_level(layer: str, level: str) -> None:
+    """Set ``layer``'s level ("" = the overall one); ``level`` "" gives a layer back to the
+    overall level.  Raises ``ValueError("<field>: ...")`` naming what is wrong."""
+    if layer and layer not in LAYERS:
+        raise ValueError(f"layer: unknown layer {layer!r} (one of {', '.join(LAYERS)}, or "
+                         "'' for the overall level)")
+    if level not in LEVELS and not (layer and level == ""):
+        raise ValueError(f"level: must be one of {', '.join(LEVELS)}"
+                         + (" or '' to follow the overall level" if layer else "")
+                         + f", got {level!r}")
+    logger = logging.getLogger(f"meshd.{layer}" if layer else "meshd")
+    logger.setLevel(level.upper() if level else logging.NOTSET)
+
+
 def setup(node: str, level: str = "info", stream: IO[str] | None = None) -> None:
     """Route the ``meshd`` loggers to ``stream`` (stderr) as JSON lines."""
     handler = logging.StreamHandler(stream or sys.stderr)

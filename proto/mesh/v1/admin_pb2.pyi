@@ -6,6 +6,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LogLevelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LayerLevel(_message.Message):
+    __slots__ = ("layer", "level", "inherited")
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    INHERITED_FIELD_NUMBER: _ClassVar[int]
+    layer: str
+    level: str
+    inherited: bool
+    def __init__(self, layer: _Optional[str] = ..., level: _Optional[str] = ..., inherited: _Optional[bool] = ...) -> None: ...
+
+class LogLevelsResponse(_message.Message):
+    __slots__ = ("node", "level", "layers")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    level: str
+    layers: _containers.RepeatedCompositeFieldContainer[LayerLevel]
+    def __init__(self, node: _Optional[str] = ..., level: _Optional[str] = ..., layers: _Optional[_Iterable[_Union[LayerLevel, _Mapping]]] = ...) -> None: ...
+
+class SetLogLevelRequest(_message.Message):
+    __slots__ = ("layer", "level")
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    layer: str
+    level: str
+    def __init__(self, layer: _Optional[str] = ..., level: _Optional[str] = ...) -> None: ...
+
 class NodeFlagRequest(_message.Message):
     __slots__ = ("node", "deadline_seconds", "reason", "clear", "timeout_seconds")
     NODE_FIELD_NUMBER: _ClassVar[int]

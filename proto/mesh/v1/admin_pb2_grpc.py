@@ -145,6 +145,16 @@ class AdminStub:
                 request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsRequest.SerializeToString,
                 response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsResponse.FromString,
                 _registered_method=True)
+        self.LogLevels = channel.unary_unary(
+                '/mesh.v1.Admin/LogLevels',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsResponse.FromString,
+                _registered_method=True)
+        self.SetLogLevel = channel.unary_unary(
+                '/mesh.v1.Admin/SetLogLevel',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.SetLogLevelRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -309,6 +319,21 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LogLevels(self, request, context):
+        """LogLevels: the answering node's log level, overall and per layer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetLogLevel(self, request, context):
+        """SetLogLevel changes one layer's log level (or the overall one) on the answering
+        node, at once and until it restarts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -421,6 +446,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.JobLogs,
                     request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsRequest.FromString,
                     response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsResponse.SerializeToString,
+            ),
+            'LogLevels': grpc.unary_unary_rpc_method_handler(
+                    servicer.LogLevels,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsResponse.SerializeToString,
+            ),
+            'SetLogLevel': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLogLevel,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.SetLogLevelRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1018,6 +1053,60 @@ class Admin:
             '/mesh.v1.Admin/JobLogs',
             proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsRequest.SerializeToString,
             proto_dot_mesh_dot_v1_dot_admin__pb2.JobLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LogLevels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/LogLevels',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLogLevel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/SetLogLevel',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.SetLogLevelRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsResponse.FromString,
             options,
             channel_credentials,
             insecure,
