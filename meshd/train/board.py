@@ -140,7 +140,7 @@ class PlacementStore(PolicyStore):
         name = job.document.name
         lease = self.leases.leases.get(name)
         now = self.leases.now
-        rank0 = cmd.get("node") in (None, spec["node"] if op != "acquire" else None)
+        rank0 = cmd.get("node") in (None, spec["node"])  # renew/release: rank 0 speaks
         if op == "acquire":
             assert lease is not None
             changes: dict[str, Any] = {}

@@ -57,12 +57,13 @@ def link_rows(estimate_rows: Callable[[Sequence[str]], list[list[float | None]]]
     """:func:`link_rtt` for every pair of ``names`` at once (``rows[i][j]``)."""
     def rows(names: Sequence[str]) -> list[list[float]]:
         out = [[UNKNOWN_RTT if v is None else v for v in row] for row in estimate_rows(names)]
-        for i, a in enumerate(names):
+        for i in range(len(names)):
             out[i][i] = 0.0
-            for j, b in enumerate(names):
-                seen = observed.get(hop(a, b)) if observed else None
-                if seen is not None and seen > out[i][j] and a != b:
-                    out[i][j] = seen
+        index = {n: i for i, n in enumerate(names)}
+        for (a, b), seen in observed.items():  # few hops: walk them, not every pair
+            ia, ib = index.get(a), index.get(b)
+            if ia is not None and ib is not None and seen > out[ia][ib]:
+                out[ia][ib] = out[ib][ia] = seen
         return out
     return rows
 

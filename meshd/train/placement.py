@@ -221,16 +221,16 @@ def _gang(needs: Needs, best: dict[str, tuple[float, tuple[Costed, ...]]], rtt: 
     groups: dict[tuple[str, ...], float] = {}
     for seed in range(min(GANG_SEEDS, len(names))):
         group = [seed]
-        near = list(row(seed))  # RTT from each candidate to the group
-        near[seed] = math.inf
+        near = row(seed)  # RTT from each candidate to the group
         while len(group) < needs.nodes:
-            nxt = min(range(len(names)), key=lambda j: cost[j] + rounds * near[j])
-            if near[nxt] == math.inf:
+            score = [c + rounds * d for c, d in zip(cost, near, strict=True)]
+            for g in group:
+                score[g] = math.inf
+            nxt = min(range(len(names)), key=score.__getitem__)
+            if score[nxt] == math.inf:
                 break  # fewer candidates than nodes
             group.append(nxt)
-            near = [math.inf if a == math.inf else min(a, b) for a, b in zip(near, row(nxt),
-                                                                             strict=True)]
-            near[nxt] = math.inf
+            near = [a if a < b else b for a, b in zip(near, row(nxt), strict=True)]
         key = tuple(sorted(names[i] for i in group))
         if len(group) == needs.nodes and key not in groups:
             groups[key] = max(cost[i] for i in group) + rounds * ring_rtt(
