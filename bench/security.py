@@ -30,7 +30,7 @@ Sections (``--only`` keys):
   ``Cluster.wait_converged()`` (every node's admin API lists all 32 alive, polled).  Also from
   the logs: the first and last ``enrolled``, and the last ``member_join`` that completed a
   node's table (convergence without polling).  n1's
-  ``meshd_security_certificates_issued_total{op="enroll"}`` must be 31.  ``--runs`` runs
+  ``meshd_security_issued_certificates_total{op="enroll"}`` must be 31.  ``--runs`` runs
   (1 with ``--quick``), median and max.  Bar: converged <= 10 s (max over runs).
 
 The machine may be shared: before each measurement the bench waits (up to ``--settle`` s) until
@@ -471,7 +471,7 @@ def enroll_run(workdir: Path, n: int, timeout: float) -> dict[str, Any]:
         other = None
         if busy0 is not None and busy1 is not None and self0 is not None and self1 is not None:
             other = busy1 - busy0 - cluster_cpu - (self1 - self0)
-        issued = metric_sum(seed.metrics(), "meshd_security_certificates_issued_total",
+        issued = metric_sum(seed.metrics(), "meshd_security_issued_certificates_total",
                             op="enroll")
         enrolled = {nd.name: _log_time(e) - t0 for nd in joiners for e in nd.events("enrolled")}
         # When each node's table was complete, from its log (its last member_join needed):

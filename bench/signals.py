@@ -764,13 +764,13 @@ def agent_metrics(cluster: Any) -> dict[str, Any]:
         for name, labels, value in samples:
             if name == "meshd_signal_publications_total":
                 row.setdefault("publications", {})[labels.get("reason", "")] = value
-            elif name == "meshd_signal_rejected_total":
+            elif name == "meshd_signal_rejected_updates_total":
                 row.setdefault("rejected", {})[labels.get("reason", "")] = value
             elif name == "meshd_runtime_polls_total":
                 row.setdefault("runtime_polls", {})[labels.get("kind", "")] = value
             elif name == "meshd_runtime_poll_errors_total":
                 row.setdefault("runtime_poll_errors", {})[labels.get("reason", "")] = value
-            elif name == "meshd_signal_nodes_known":
+            elif name == "meshd_signal_known_nodes":
                 row.setdefault("nodes_known", {})[labels.get("via", "")] = value
         out[n.name] = row
     return out

@@ -37,6 +37,7 @@ from meshd.control import RAFT_SECTION, ControlPlane
 from meshd.coordinates import CoordinatePlane
 from meshd.metrics import AgentMetrics
 from meshd.metrics_routing import RoutingCollector
+from meshd.metrics_train import CollectiveMetrics, TrainCollector
 from meshd.quarantine import AutoQuarantine
 from meshd.rbac import KeyLoadError, PolicyError
 from meshd.router import server as router_server
@@ -310,7 +311,9 @@ class Agent:
         self.metrics = AgentMetrics(swim, self.coordinates, sec, self.control,
                                     self.signals, self.health,
                                     RoutingCollector(s.node, self.scorer,
-                                                     self._router_counters, self._link_counts))
+                                                     self._router_counters, self._link_counts),
+                                    TrainCollector(s.node, self.train))
+        self.signals.on_comm = CollectiveMetrics(s.node, self.metrics.registry).observe
         transport.on_rtts = self.metrics.observe_rtts
         transport.attach(swim)
         self._data.save(swim.incarnation, list(saved.get("peers", []) or []))  # type: ignore[call-overload]

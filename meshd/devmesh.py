@@ -12,12 +12,18 @@ Runtimes: ``--tritons N`` (default 2) real CPU Triton servers (``meshd.devtriton
 ``add_sub`` and ``delay``) start first, on free ports of 127.0.0.1, and each is attached to one
 node (``--triton``), node2 first, so ``meshctl state`` shows replicas and queues. They are
 stopped after the nodes, however the mesh ends.
+
+Prometheus: when the ``prometheus`` binary is installed (Debian's ``prometheus`` package), one
+scrapes every node and Triton server with the rules of ``deploy/prometheus/``, on
+http://127.0.0.1:9090 (or a free port); the dashboards of ``deploy/grafana/`` read it.
+``--no-prometheus`` leaves it out.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -35,11 +41,14 @@ import grpc
 from certs import tls, tokens
 from certs.ca import CertificateAuthority
 from certs.identity import Identity
-from meshd import devtraffic, devtriton
+from meshd import devprometheus, devtraffic, devtriton
 from meshd.ctl import format_members_table
 from meshd.security import DEV_TRUST_DOMAIN
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
+TRAINING_PARTNER = 5
+"""This node is also a trainer, so the sample job runs as a gang over node4 and node5."""
+SAMPLE_JOB = "devmesh-sample"
 COORDINATORS = 3
 """The first nodes (up to this many) are coordinators and form the Raft groups."""
 
@@ -132,6 +141,31 @@ def start_tritons(count: int, work: Path) -> list[devtriton.TritonServer]:
     return servers
 
 
+def start_prometheus(nodes: int, per_ip: bool, tritons: list[devtriton.TritonServer],
+                     work: Path) -> devprometheus.PrometheusServer | None:
+    """Prometheus scraping every node (and the Triton servers), or None when it is not
+    installed or does not start (the mesh goes on without it)."""
+    if devprometheus.binary() is None:
+        print("no Prometheus (apt install prometheus to get one, with the dashboards' data)",
+              flush=True)
+        return None
+    targets = [node_addrs(i, per_ip)[2] for i in range(1, nodes + 1)]
+    port = 9090 if devprometheus.port_free(9090) else 0
+    prom = devprometheus.PrometheusServer(
+        work, targets, port=port,
+        extra={"triton": [s.metrics_url.split("//")[1].split("/")[0] for s in tritons]})
+    try:
+        prom.start()
+    except devprometheus.PrometheusError as exc:
+        print(f"Prometheus failed to start: {exc}", file=sys.stderr, flush=True)
+        return None
+    print(f"Prometheus: {prom.url} scrapes the {nodes} nodes every 2 s, with the alert rules "
+          f"of deploy/prometheus/\n     dashboards: import deploy/grafana/dashboards/*.json in "
+          f"Grafana with {prom.url} as data source; or ask it: "
+          f"curl '{prom.url}/api/v1/query?query=meshd:router_requests:rate1m'", flush=True)
+    return prom
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="meshd-devmesh", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -145,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests sent through the router each traffic round (0: none)")
     p.add_argument("--duration", type=float, default=0.0,
                    help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--no-training", action="store_true",
+                   help="do not run the sample training job")
+    p.add_argument("--no-prometheus", action="store_true",
+                   help="do not start Prometheus even when it is installed")
     args = p.parse_args(argv)
     if not 1 <= args.nodes <= 250:
         p.error("--nodes must be 1..250")
@@ -163,9 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     procs: list[subprocess.Popen[bytes]] = []
     tritons: list[devtriton.TritonServer] = []
+    prometheus: list[devprometheus.PrometheusServer] = []
     try:
         tritons = start_tritons(args.tritons, workdir / "triton")
-        return _run(args, per_ip, workdir, procs, tritons, stop, on_signal)
+        return _run(args, per_ip, workdir, procs, tritons, stop, on_signal, prometheus)
     except KeyboardInterrupt:
         _say("\ninterrupted")
         return 130
@@ -178,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         # even when stdout is gone (`| head`).
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+        for prom in prometheus:
+            prom.stop()
         if procs:
             _say("stopping: each node leaves gracefully")
         for pr in procs:
@@ -202,7 +243,8 @@ def _say(line: str) -> None:
 
 def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
          procs: list[subprocess.Popen[bytes]], tritons: list[devtriton.TritonServer],
-         stop: dict[str, bool], on_signal: Callable[[int, FrameType | None], None]) -> int:
+         stop: dict[str, bool], on_signal: Callable[[int, FrameType | None], None],
+         prometheus: list[devprometheus.PrometheusServer]) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHD_")}
     ca = CertificateAuthority.create(DEV_TRUST_DOMAIN)
     ca.save(workdir / "node1" / "ca")
@@ -226,6 +268,8 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
             if roles[(i - 1) % len(roles)] != "coordinator":
                 cmd += ["--role", "coordinator"]
             cmd += ["--bootstrap-expect", str(coordinators), "--raft", raft_addr(i, per_ip)]
+        if i == TRAINING_PARTNER:
+            cmd += ["--role", "trainer"]  # with node4, a gang of two for the sample job
         if roles[(i - 1) % len(roles)] == "router" and sys.platform.startswith("linux"):
             cmd += ["--router-workers", "2"]  # the port served by two processes
         for server in attached.get(i, []):
@@ -259,6 +303,10 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
               f"--work-dir {workdir / 'triton'} --server {tritons[0].name} --model delay "
               f"--delay-ms 200        # {tritons[0].name}'s delay model gets slow "
               f"(no --delay-ms: normal again)", flush=True)
+    if not args.no_prometheus:
+        prom = start_prometheus(args.nodes, per_ip, tritons, workdir / "prometheus")
+        if prom is not None:
+            prometheus.append(prom)
     reported: set[str] = set()
     router_nodes = [i for i in range(1, args.nodes + 1) if roles[(i - 1) % len(roles)] == "router"]
     traffic_stop = threading.Event()
@@ -270,6 +318,9 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
                          daemon=True).start()
     with tls.grpc_channel(admin_addr, Identity.load(creds)) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)
+        if args.nodes >= TRAINING_PARTNER and not args.no_training:
+            threading.Thread(target=_training, args=(stub, workdir, traffic_stop, ctl),
+                             daemon=True).start()
         while not stop["now"]:
             time.sleep(0.2)
             if stop["now"]:
@@ -298,6 +349,29 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
                 print(format_members_table(resp), flush=True)
     traffic_stop.set()
     return 0
+
+
+def _training(stub: admin_pb2_grpc.AdminStub, workdir: Path, stop: threading.Event,
+              ctl: str) -> None:
+    """Submit the sample job as a gang of two CPU ranks (node4 and node5), once the Raft
+    groups take writes; it runs until the mesh stops, reporting its all-reduce timings."""
+    spec = {"id": SAMPLE_JOB, "model": "logreg", "entry": "meshd.train.sample:main",
+            "checkpoints": str(workdir / "checkpoints"), "gpus": {"count": 0, "nodes": 2},
+            "hyperparameters": {"steps": 10_000_000, "step_seconds": 0.2,
+                                "checkpoint_every": 25}}
+    request = admin_pb2.SubmitJobRequest(spec=json.dumps(spec), timeout_seconds=5)
+    while not stop.wait(2.0):
+        try:
+            last = list(stub.SubmitJob(request, timeout=10))[-1:]
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:  # type: ignore[attr-defined]
+                _say(f"training: the sample job was refused: {exc.details()}")  # type: ignore[attr-defined]
+                return
+            continue  # not ready yet (no quorum, trainers not seen yet): again
+        state = last[0].state if last else "submitted"
+        _say(f"training: the sample job {SAMPLE_JOB} is {state}, a gang of two CPU ranks on "
+             f"node4 and node5\n     {ctl} jobs get {SAMPLE_JOB}")
+        return
 
 
 def _traffic(router: str, creds: Path, tritons: list[devtriton.TritonServer],

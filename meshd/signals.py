@@ -76,6 +76,8 @@ class SignalPlane:
         self.comm: list[CommStats] = []
         self.changed: Callable[[], None] = lambda: None
         """Ask the agent to republish its node state (set by the agent)."""
+        self.on_comm: Callable[[CommStats], None] = lambda stats: None
+        """Told of each collective timing reported here (the agent's metrics)."""
         self.rejected: Counter[str] = Counter()
         """Remote sections and pushes dropped, by reason."""
         self.patch_outcomes: Counter[str] = Counter()
@@ -196,6 +198,7 @@ class SignalPlane:
 
     def report_comm(self, stats: CommStats) -> None:
         self.comm = [*self.comm, stats][-MAX_COMM_KEPT:]
+        self.on_comm(stats)
         self._poke()
 
     # --- subscribers of our state -------------------------------------------------------

@@ -360,6 +360,8 @@ class Node:
                                                                 base_port + 2)
         self.score_port, self.router_port = base_port + 3, base_port + 4
         self.args = list(args)
+        self.module = "meshd.cli"
+        """What ``python -m`` runs (tests.fake_gpu_agent: the agent over a fake NVML)."""
         self.env = dict(env)
         self.data_dir = cluster.workdir / name
         self.log_path = cluster.workdir / f"{name}.log"
@@ -397,7 +399,7 @@ class Node:
 
     def command(self, join: list[str] | None = None) -> list[str]:
         c = self.cluster
-        cmd = [sys.executable, "-m", "meshd.cli", "--node", self.name, "--bind", self.gossip,
+        cmd = [sys.executable, "-m", self.module, "--node", self.name, "--bind", self.gossip,
                "--admin", self.admin, "--score", self.score, "--router", self.router,
                "--metrics", f"{self.ip}:{self.metrics_port}" if c.metrics else "off",
                "--profile", c.profile, "--data-dir", str(self.data_dir)]

@@ -51,7 +51,7 @@ pytestmark = [
 
 CONVERGE = 75.0  # see the module docstring
 DETECT = 20.0  # kill -9 -> dead everywhere (LAN profile)
-DROPPED = "meshd_gossip_packets_dropped_total"
+DROPPED = "meshd_gossip_dropped_packets_total"
 
 
 @pytest.fixture

@@ -131,6 +131,13 @@ def delay(client: tc.InferenceServerClient, nbytes: int = 64, **kw: Any) -> Any:
     return client.infer("delay", [inp], **kw)
 
 
+def until(check: Any, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.1)
+
+
 def served(server: TritonServer, model: str = "delay") -> int:
     """Successful inferences ``server`` has run for ``model``."""
     stats = tc.InferenceServerClient(server.grpc_url).get_inference_statistics(model)
@@ -178,6 +185,32 @@ def test_a_bad_request_is_rejected_naming_the_tensor_without_calling_triton(
         via.infer("add_sub", [inputs[0]])
     assert "INPUT1" in err.value.message()
     assert [served(s, "add_sub") for s in servers] == before
+
+
+def test_every_request_ends_once_in_the_lifecycle_counts_and_latency_is_timed(
+        two: tuple[RouterHarness, list[TritonServer]]) -> None:
+    """Received = completed + failed + shed + invalid + cancelled once every request ended
+    (so the in-flight gauge goes back to 0); answered requests are timed per model and per
+    (model, target node)."""
+    h, servers = two
+    servers[0].set_behaviour("delay", delay_ms=400)
+    servers[1].set_behaviour("delay", delay_ms=400)
+    via = tc.InferenceServerClient(h.addr)
+    for n in (1, 4, 16):
+        add_sub(via, n)
+    with pytest.raises(InferenceServerException):
+        via.infer("add_sub", [tc.InferInput("INPUT0", [1, 4], "FP64")])  # invalid
+    with pytest.raises(InferenceServerException):
+        delay(via, client_timeout=0.1)  # the client gives up: failed or cancelled
+    c = h.router.counters
+    until(lambda: c.inflight() == 0 and c.requests == 5, 10)
+    ended = c.completed + c.invalid + c.cancelled + sum(c.failed.values()) + sum(c.shed.values())
+    assert ended == c.requests == 5 and c.completed == 3 and c.admitted >= 4, c
+    until(lambda: "add_sub" in h.scorer.counters.requests, 5)
+    assert h.scorer.counters.requests["add_sub"].count == 3
+    timed = {key: t.count for key, t in h.scorer.counters.attempts.items()}
+    assert sum(n for (model, _), n in timed.items() if model == "add_sub") >= 3
+    assert {node for _, node in timed} <= {h.node_of(s) for s in servers}
 
 
 def test_a_slow_replica_gets_less_traffic(
@@ -455,12 +488,6 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
     def connect() -> tc.InferenceServerClient:  # a connection of its own
         return tc.InferenceServerClient(addr, channel_args=[("grpc.use_local_subchannel_pool",
                                                              1)])
-
-    def until(check: Any, timeout: float = 30.0) -> None:
-        end = time.monotonic() + timeout
-        while not check():
-            assert time.monotonic() < end, "timed out"
-            time.sleep(0.1)
 
     def live() -> bool:
         try:

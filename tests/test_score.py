@@ -803,18 +803,19 @@ def test_metrics_expose_decisions_sheds_fallbacks_and_shadow() -> None:
                for fam in text_string_to_metric_families(generate_latest(reg).decode())
                for x in fam.samples}
     assert samples[("meshd_score_decisions_total", (("node", "r"), ("strategy", "p2c")))] == 3
-    assert samples[("meshd_score_strategy_fallbacks_total",
+    assert samples[("meshd_score_fallback_decisions_total",
                     (("node", "r"), ("why", "unknown")))] == 3
-    assert samples[("meshd_score_shed_total",
+    assert samples[("meshd_score_shed_requests_total",
                     (("node", "r"), ("reason", "tenant_concurrency")))] == 2
     assert samples[("meshd_score_open_decisions", (("node", "r"),))] == 1
-    assert samples[("meshd_score_shadow_compared_total", (
+    assert samples[("meshd_score_shadow_compared_decisions_total", (
         ("active", "nope"), ("candidate", "least_queue"), ("model", "m"), ("node", "r")))] == 3
     assert ("meshd_score_decision_seconds_count", (("node", "r"), ("strategy", "nope"))) \
         not in samples  # an unknown strategy never ran
     # the router's counters sum its processes, and each process's requests show
     assert samples[("meshd_router_requests_total", (("node", "r"),))] == 5
-    assert samples[("meshd_router_failed_total", (("code", "UNAVAILABLE"), ("node", "r")))] == 2
+    assert samples[("meshd_router_failed_requests_total",
+                    (("code", "UNAVAILABLE"), ("node", "r")))] == 2
     assert samples[("meshd_router_process_requests_total",
                     (("node", "r"), ("process", "r/41/7")))] == 2
     assert samples[("meshd_router_link_messages_total",

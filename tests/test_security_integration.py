@@ -83,7 +83,7 @@ def test_enroll_revoke_rotate_renew(tmp_path: Path) -> None:
         for why in ("exhausted", "expired", "bad_mac"):
             assert metric_sum(seed_metrics, "meshd_security_refusals_total",
                               channel="enrollment", reason=why) >= 1, why
-        assert metric_sum(seed_metrics, "meshd_security_certificates_issued_total",
+        assert metric_sum(seed_metrics, "meshd_security_issued_certificates_total",
                           op="enroll") == 3
 
         # --- renewal: 15 s certificates renew at 10 s, connections stay up --------------

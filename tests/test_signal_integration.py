@@ -444,11 +444,11 @@ def test_n1_scores_and_routes_to_the_real_replicas(mesh: Mesh, triton_a: TritonS
         samples = n1.metrics()
         by_process = {lab["process"]: v for name, lab, v in samples
                       if name == "meshd_router_process_requests_total" and v > 0}
-        if metric_sum(samples, "meshd_router_completed_total") >= 24 or \
+        if metric_sum(samples, "meshd_router_completed_requests_total") >= 24 or \
                 time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert metric_sum(samples, "meshd_router_completed_total") >= 24, samples
+    assert metric_sum(samples, "meshd_router_completed_requests_total") >= 24, samples
     assert len(by_process) >= 2, by_process  # 12 connections over 3 processes
     link = {lab["kind"]: v for name, lab, v in samples
             if name == "meshd_router_link_messages_total"}

@@ -108,11 +108,11 @@ def test_coordinates_converge_to_injected_delays(tmp_path: Path) -> None:
         metrics = observer.metrics()
         # Settled: well below the initial 1.5 (the estimate wanders around the true error; it
         # read 0.503 once with every pair within the bars above).
-        assert metric_sum(metrics, "meshd_topology_coordinate_error") < 1.0
+        assert metric_sum(metrics, "meshd_topology_coordinate_error_ratio") < 1.0
         # Estimates were checked against measured RTTs (a handful per probe period; read 10
         # once on a loaded machine, so the bar is "some", not a rate).
         assert metric_sum(metrics, "meshd_topology_rtt_estimate_error_ratio_count") >= 5
-        assert metric_sum(metrics, "meshd_topology_coordinates_known") == len(LAYOUT) - 1
+        assert metric_sum(metrics, "meshd_topology_known_coordinates") == len(LAYOUT) - 1
 
         # The operator's view: meshctl rtt and members --detailed.
         ctl = [sys.executable, "-m", "meshd.ctl", "--admin", observer.admin, "--creds",

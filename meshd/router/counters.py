@@ -16,16 +16,21 @@ from proto.mesh.v1 import score_pb2
 
 MAX_LIVES = 256
 """Worker lives kept by name; older ones are folded into one retired total."""
-_SCALARS = ("requests", "completed", "invalid", "hedged", "hedge_won", "failovers", "streams")
+_SCALARS = ("requests", "admitted", "completed", "invalid", "cancelled", "hedged", "hedge_won",
+            "failovers", "streams")
 
 
 @dataclass(slots=True)
 class RouterCounters:
     requests: int = 0
+    """Received: every one ends as exactly one of completed, failed, shed, invalid or
+    cancelled, so the difference is what is in flight."""
+    admitted: int = 0
     completed: int = 0
     failed: dict[str, int] = field(default_factory=dict)
     shed: dict[str, int] = field(default_factory=dict)
     invalid: int = 0
+    cancelled: int = 0
     hedged: int = 0
     hedge_won: int = 0
     failovers: int = 0
@@ -37,6 +42,12 @@ class RouterCounters:
         for mine, theirs in ((self.failed, other.failed), (self.shed, other.shed)):
             for key, n in dict.copy(theirs).items():
                 mine[key] = mine.get(key, 0) + n
+
+    def inflight(self) -> int:
+        """Received and not yet ended."""
+        ended = self.completed + self.invalid + self.cancelled
+        ended += sum(dict.copy(self.failed).values()) + sum(dict.copy(self.shed).values())
+        return max(0, self.requests - ended)
 
     def counts(self) -> list[int]:
         """Every count held, scalar and keyed."""

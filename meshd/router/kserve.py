@@ -145,19 +145,34 @@ class KServeRouter:
 
     # --- inference ----------------------------------------------------------------------------
 
-    async def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str, str, list[Any]]:
+    async def _caller(self, context: grpc.aio.ServicerContext,
+                      counted: bool = False) -> tuple[str, str, list[Any]]:
+        """Tenant, SLO class and the metadata to pass on; UNAUTHENTICATED (counted as a
+        failed request when ``counted``) for a caller the router does not accept."""
         md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
         try:
             tenant = self.auth.tenant(md, context)
         except Unauthenticated as exc:
+            if counted:
+                self._failed("UNAUTHENTICATED")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         passed = [(k, v) for k, v in md.items() if k in PASS_HEADERS]
         return tenant, md.get(SLO_HEADER, ""), passed
 
     async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """One request.  Every path out of here counts it exactly once as completed, failed,
+        shed, invalid or cancelled (so ``requests`` less those is what is in flight)."""
         c = self.counters
         c.requests += 1
-        tenant, slo, passed = await self._caller(context)
+        try:
+            return await self._model_infer(raw, context)
+        except asyncio.CancelledError:
+            c.cancelled += 1
+            raise
+
+    async def _model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        c = self.counters
+        tenant, slo, passed = await self._caller(context, counted=True)
         try:
             req = service_pb2.ModelInferRequest.FromString(raw)
         except DecodeError:
@@ -189,6 +204,7 @@ class KServeRouter:
             context.set_trailing_metadata((("retry-after-ms",
                                             str(max(1, round(v.retry_after * 1000)))),))
             await context.abort(code, f"shed: {v.reason}; retry after {v.retry_after:.3f} s")
+        c.admitted += 1
         did = scored.decision_id
         scoring = self.scoring
         clock = self.clock
@@ -246,7 +262,11 @@ class KServeRouter:
         schema = self.schemas.cached(model, version, now)
         if schema is not None:
             return schema
-        weights = await self._ask(context, self.scoring.weights(model, version))
+        try:
+            weights = await self.scoring.weights(model, version)
+        except ScoringUnavailable as exc:
+            self._failed("scorer_unavailable")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         endpoints = [c.endpoint for c, _ in sorted(weights, key=lambda x: -x[1])][:3]
         return await self.schemas.get(model, version, endpoints, now)
 

@@ -48,6 +48,14 @@ from meshd.score.target import Target, TargetStats, TargetTable, predict_all
 
 STRATEGY_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3)
 """Upper bounds (seconds) of the per-strategy decision-time histogram."""
+SHED_REASONS = ("no_targets", "deadline", "tenant_concurrency", "tenant_rate", "model_limit",
+                "target_limit")
+"""Why a request is shed (the ``reason`` of a refused verdict)."""
+REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0)
+"""Upper bounds (seconds) of the request and attempt latency histograms."""
+MAX_LATENCY_SERIES = 4096
+"""Model (and target) pairs whose latency is kept; more are not counted (a bound on labels)."""
 
 MAX_TEXT = 256
 
@@ -115,15 +123,21 @@ class Scored:
 
 
 @dataclass(slots=True)
-class StrategyTiming:
+class Timing:
+    """A histogram's counts, kept here so the hot path touches no exporter lock."""
+
+    bounds: tuple[float, ...]
     count: int = 0
     total: float = 0.0
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(STRATEGY_BUCKETS) + 1))
+    buckets: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.buckets = [0] * (len(self.bounds) + 1)
 
     def observe(self, seconds: float) -> None:
         self.count += 1
         self.total += seconds
-        self.buckets[bisect.bisect_left(STRATEGY_BUCKETS, seconds)] += 1
+        self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1
 
 
 @dataclass(slots=True)
@@ -132,8 +146,8 @@ class ScoreCounters:
 
     decisions: Counter[str] = field(default_factory=Counter)
     """By strategy that ranked."""
-    shed: Counter[str] = field(default_factory=Counter)
-    """By reason."""
+    shed: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(SHED_REASONS, 0)))
+    """By reason (every known reason from the start, so a rate of 0 is a series)."""
     fallbacks: Counter[str] = field(default_factory=Counter)
     """Decisions ranked by ``p2c`` instead: ``unknown``, ``over_budget``, ``failed``."""
     degraded: int = 0
@@ -141,7 +155,14 @@ class ScoreCounters:
     hedges_sent: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
     unknown_outcomes: int = 0
-    timing: dict[str, StrategyTiming] = field(default_factory=dict)
+    timing: dict[str, Timing] = field(default_factory=dict)
+    """Time each strategy took to rank, by strategy."""
+    requests: dict[str, Timing] = field(default_factory=dict)
+    """Decision to answer, by model."""
+    attempts: dict[tuple[str, str], Timing] = field(default_factory=dict)
+    """Each answered attempt's latency, by (model, target node)."""
+    hedge_budget_exhausted: Counter[str] = field(default_factory=Counter)
+    """By model: hedges that would have been offered but for the budget."""
     shadow: dict[tuple[str, str], ShadowStats] = field(default_factory=dict)
 
 
@@ -307,7 +328,7 @@ class Scorer:
             elapsed = self.timer() - t0
             timing = counters.timing.get(name)
             if timing is None:
-                timing = counters.timing[name] = StrategyTiming()
+                timing = counters.timing[name] = Timing(STRATEGY_BUCKETS)
             timing.observe(elapsed)
             if ranked and elapsed > self.config.strategy_budget:
                 counters.fallbacks["over_budget"] += 1
@@ -377,13 +398,15 @@ class Scorer:
         assert first is not None
         ms = self._models[req.model]
         delay = 0.0
-        if (req.idempotent and len(ranked) > 1 and (slo is None or slo["hedging"])
-                and ms.budget.tokens >= 1):
-            fixed = slo["hedge_after_ms"] / 1000 if slo and slo["hedge_after_ms"] else None
-            delay = hedge_after(first, routing.hedge_quantile, fixed, deadline,
-                                self.config.min_hedge_after)
-            if delay:
-                counters.hedges_offered += 1
+        if req.idempotent and len(ranked) > 1 and (slo is None or slo["hedging"]):
+            if ms.budget.tokens >= 1:
+                fixed = slo["hedge_after_ms"] / 1000 if slo and slo["hedge_after_ms"] else None
+                delay = hedge_after(first, routing.hedge_quantile, fixed, deadline,
+                                    self.config.min_hedge_after)
+                if delay:
+                    counters.hedges_offered += 1
+            else:
+                counters.hedge_budget_exhausted[req.model] += 1
         ms.budget.on_request()
         stats = first.stats
         stats.units_per_request += 0.1 * (ctx.units - stats.units_per_request)
@@ -505,6 +528,7 @@ class Scorer:
                 self._hedge_ended(d)
             if ok and latency == latency:
                 stats.latency.add(latency)
+                self._time_attempt(d, replica, latency)
             elif not ok and status != Status.CANCELLED:
                 stats.failures += 1
             started = d is not None and d.first_open and d.first_key == replica
@@ -547,7 +571,26 @@ class Scorer:
         if last:
             self.decisions.close(d.id)
             self._release(d)
+            if ok:
+                timing = counters.requests.get(d.model)
+                if timing is None and len(counters.requests) < MAX_LATENCY_SERIES:
+                    timing = counters.requests[d.model] = Timing(REQUEST_BUCKETS)
+                if timing is not None:
+                    timing.observe(now - d.started)
         return True
+
+    def _time_attempt(self, d: Decision | None, replica: str, latency: float) -> None:
+        target = self.table.by_key.get(replica)
+        if target is None:
+            return
+        key = (d.model if d is not None else target.model, target.node)
+        attempts = self.counters.attempts
+        timing = attempts.get(key)
+        if timing is None:
+            if len(attempts) >= MAX_LATENCY_SERIES:
+                return
+            timing = attempts[key] = Timing(REQUEST_BUCKETS)
+        timing.observe(latency)
 
     def _release(self, d: Decision) -> None:
         """Give back the slots a decision still holds."""

@@ -213,7 +213,7 @@ class ListModelsReply(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelEntry, _Mapping]]] = ...) -> None: ...
 
 class RouterCounters(_message.Message):
-    __slots__ = ("worker", "requests", "completed", "invalid", "hedged", "hedge_won", "failovers", "streams", "failed", "shed")
+    __slots__ = ("worker", "requests", "completed", "invalid", "hedged", "hedge_won", "failovers", "streams", "failed", "shed", "admitted", "cancelled")
     class FailedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +238,8 @@ class RouterCounters(_message.Message):
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     SHED_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     worker: str
     requests: int
     completed: int
@@ -248,7 +250,9 @@ class RouterCounters(_message.Message):
     streams: int
     failed: _containers.ScalarMap[str, int]
     shed: _containers.ScalarMap[str, int]
-    def __init__(self, worker: _Optional[str] = ..., requests: _Optional[int] = ..., completed: _Optional[int] = ..., invalid: _Optional[int] = ..., hedged: _Optional[int] = ..., hedge_won: _Optional[int] = ..., failovers: _Optional[int] = ..., streams: _Optional[int] = ..., failed: _Optional[_Mapping[str, int]] = ..., shed: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    admitted: int
+    cancelled: int
+    def __init__(self, worker: _Optional[str] = ..., requests: _Optional[int] = ..., completed: _Optional[int] = ..., invalid: _Optional[int] = ..., hedged: _Optional[int] = ..., hedge_won: _Optional[int] = ..., failovers: _Optional[int] = ..., streams: _Optional[int] = ..., failed: _Optional[_Mapping[str, int]] = ..., shed: _Optional[_Mapping[str, int]] = ..., admitted: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
 
 class RouterCountersAck(_message.Message):
     __slots__ = ()

@@ -1,0 +1,29 @@
+"""Test-only: ``python -m tests.fake_gpu_agent ARGS`` runs ``meshd.cli`` with ARGS, its NVML
+answered by :class:`tests.fake_nvml.FakeNvml` with ``MESHD_TEST_GPUS`` GPUs (default 2).
+
+Everything else is the real agent; the GPU adapter imports ``pynvml`` by name, so the fake is
+put in ``sys.modules`` before the agent starts.  Used where a multi-process test needs GPU
+series on a machine without a GPU (tests/test_prometheus.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tests.fake_nvml import FakeGpu, FakeNvml
+
+
+def main() -> int:
+    count = int(os.environ.get("MESHD_TEST_GPUS", "2"))
+    args = sys.argv[1:]
+    node = args[args.index("--node") + 1] if "--node" in args else "node"
+    gpus = [FakeGpu(uuid=f"GPU-{node}-{i:04d}", temperature=50 + i, gpu_util=30 + 10 * i)
+            for i in range(count)]
+    sys.modules["pynvml"] = FakeNvml(gpus)
+    from meshd.cli import main as agent  # noqa: PLC0415 - after the fake is in place
+
+    return agent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
