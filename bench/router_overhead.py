@@ -100,6 +100,9 @@ CPU_RATIO_BAR = 1.2
 ADDED_P50_BAR_MS = 1.0
 PROXY_CPU_EXPECTED_MS = (0.55, 0.6)
 MAX_MESSAGE = 1 << 30
+TRACED: dict[str, Any] = {}
+"""The router child's router and its tracer, when the OTEL_* variables turned tracing on
+(``tracer on|off`` switches it, for bench/tracing.py)."""
 HEAD = ("measurement", "value", "bar", "result")
 
 
@@ -208,6 +211,10 @@ async def _child(kind: str, spec: dict[str, Any]) -> int:
                 out = on_loop(breakdown.start)
             elif cmd == "breakdown-stop" and breakdown is not None:
                 out = on_loop(breakdown.stop)
+            elif cmd == "tracer" and TRACED.get("tracer") is not None:  # on / off
+                on_loop(functools.partial(setattr, TRACED["router"], "tracer",
+                                          TRACED["tracer"] if arg == "on" else None))
+                out = {"ok": True}
             elif cmd == "stop":
                 out = {"counters": on_loop(counters), "cpu": _rusage_s()}
                 print(json.dumps(out, default=str), flush=True)
@@ -361,6 +368,12 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
     server, router, addr = await router_server.serve(LocalScoring(scorer, loop.time),
                                                      loop.time, ("127.0.0.1", 0), dev=True,
                                                      identity=lambda: None)
+    # Traced only when the OTEL_* variables ask (bench/tracing.py sets them for its child).
+    from meshd import tracing
+
+    provider = tracing.setup("meshd-bench", "router")
+    router.tracer = tracing.tracer(provider, "meshd.router")
+    TRACED.update(router=router, tracer=router.tracer)
 
     def counters() -> dict[str, Any]:
         c, s = router.counters, scorer.counters
@@ -372,6 +385,8 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
     async def close() -> None:
         feeder.cancel()
         await router.close()
+        if provider is not None:
+            provider.shutdown()
 
     return server, addr, counters, close, Breakdown(router, scorer)
 

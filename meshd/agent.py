@@ -31,7 +31,7 @@ from gossip.keyring import Keyring
 from gossip.protocol import Swim
 from gossip.state import Addr, NodeMeta
 from gossip.transport import GossipTransport, family_of
-from meshd import admin, nodestate, score_api, score_link
+from meshd import admin, nodestate, score_api, score_link, tracing
 from meshd.authz import Authorizer
 from meshd.control import RAFT_SECTION, ControlPlane
 from meshd.coordinates import CoordinatePlane
@@ -142,6 +142,7 @@ class DataDir:
 class Agent:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.tracing = tracing.setup("meshd", settings.node)
         self.stopping = asyncio.Event()
         self.swim: Swim | None = None
         self.transport: GossipTransport | None = None
@@ -173,6 +174,7 @@ class Agent:
                                   rtt=lambda a, b: self.coordinates.estimate(a, b).rtt,
                                   rtt_rows=self.coordinates.rtt_rows,
                                   comm_of=self._comm_stats, report_comm=self.signals.report_comm)
+        self.train.tracer = tracing.tracer(self.tracing, "meshd.train")
         self.scorer = Scorer(self.signals.fused, zone=settings.zone, policy=self._policy_spec,
                              policy_version=lambda: self._policy_store.version,
                              rtt_of=self._rtt_of, zone_of=self._zone_of,
@@ -345,6 +347,7 @@ class Agent:
                     LocalScoring(self.scorer, loop.time), loop.time, s.router_addr(),
                     dev=s.dev, identity=lambda: sec.identity, tokens_file=s.router_tokens,
                     node=s.node, verifier=sec.verifier, reuse_port=s.router_workers > 1)
+                self.router.tracer = tracing.tracer(self.tracing, "meshd.router")
                 if s.router_workers > 1:
                     await self._start_router_workers(router_where)
         except (OSError, TokenFileError) as exc:
@@ -670,6 +673,8 @@ class Agent:
             self.metrics.close()
         if self.transport is not None:
             await self.transport.close()
+        if self.tracing is not None:  # flushes what is queued (bounded by the export timeout)
+            await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
         log.info("agent stopped", extra={"event": "agent_stopped"})
 
 

@@ -1,6 +1,9 @@
 """JSON logs: one object per line, with the node name and a machine-readable ``event``.
 
 Operators ship these to Loki/Elastic; a stable ``event`` key is what alerts and searches key on.
+A line written inside a traced span carries its ``trace_id`` and ``span_id``, so a log search
+and the trace of the same request find each other; lines about one request, job or decision
+also carry its id (``job``, ``decision``) as a correlation id where the code has one.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import logging
 import sys
 import time
 from typing import IO, Any
+
+from meshd.tracing import ids
 
 # Attributes every LogRecord has; anything else passed via ``extra=`` becomes a JSON field.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -30,6 +35,7 @@ class JsonFormatter(logging.Formatter):
             "event": getattr(record, "event", "log"),
             "msg": record.getMessage(),
         }
+        out.update(ids())
         for key, value in vars(record).items():
             if key not in _STANDARD and key not in out:
                 out[key] = value

@@ -19,7 +19,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry.trace import Span, SpanKind, Tracer
+from opentelemetry.trace import StatusCode as SpanStatus
 
+from meshd import tracing
 from meshd.router.upstream import Upstreams
 from meshd.score.scorer import Choice, Status
 
@@ -49,6 +52,27 @@ class Attempt:
     hedge: bool
     started: float
     call: grpc.aio.UnaryUnaryCall
+    span: Span | None = None
+
+
+def _attempt_span(tracer: Tracer, choice: Choice, hedge: bool,
+                  metadata: Sequence[tuple[str, str]]) -> tuple[Span, list[tuple[str, str]]]:
+    """A client span for one attempt (a child of the request's), and the metadata that carries
+    it to the runtime."""
+    span = tracer.start_span("triton ModelInfer", kind=SpanKind.CLIENT, attributes={
+        "server.address": choice.endpoint, "meshd.target": choice.node})
+    if hedge:
+        span.set_attribute("meshd.hedge", True)
+    return span, tracing.inject(span, metadata)
+
+
+def _end(span: Span | None, status: Status, details: str = "") -> None:
+    if span is None:
+        return
+    if status != Status.OK:  # OK leaves the status unset, as OTel's gRPC client spans do
+        span.set_status(SpanStatus.ERROR, f"{status.name}: {details}" if details
+                        else status.name)
+    span.end()
 
 
 @dataclass(slots=True)
@@ -68,7 +92,8 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
                    *, upstreams: Upstreams, report: Report, clock: Callable[[], float],
                    deadline: float | None, metadata: Sequence[tuple[str, str]] = (),
                    tally: Tally | None = None,
-                   hedge_to: Callable[[str], Awaitable[Choice | None]] | None = None) -> bytes:
+                   hedge_to: Callable[[str], Awaitable[Choice | None]] | None = None,
+                   tracer: Tracer | None = None) -> bytes:
     """Relay ``raw`` (a serialized request for ``method``) and return the reply bytes, or
     raise :class:`Failed`.  ``deadline`` is absolute, on ``clock``.
 
@@ -78,7 +103,10 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
     gets little from a copy elsewhere and adds load where it hurts; one stuck behind a stall
     is what hedges are for (measured in ``bench/routing``: ungated hedges spent the budget on
     the ordinary tail at 80% load and made the p99 worse).  Without it the hedge goes to the
-    next target in ``targets`` when due."""
+    next target in ``targets`` when due.
+
+    ``tracer`` (tracing on): each attempt is a client span, and its metadata carries that
+    span's trace context instead of the client's."""
     tally = tally if tally is not None else Tally()
     pending: dict[asyncio.Future[bytes], Attempt] = {}
     queue = list(targets)
@@ -92,10 +120,12 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
             queue[:] = [c for c in queue if c.replica != choice.replica]
         now = clock()
         timeout = None if deadline is None else max(0.0, deadline - now)
+        span, md = (None, metadata) if tracer is None else _attempt_span(tracer, choice, hedge,
+                                                                          metadata)
         call = upstreams.unary(choice.endpoint, method)(raw, timeout=timeout,
-                                                          metadata=metadata or None)
+                                                          metadata=md or None)
         fut: asyncio.Future[bytes] = asyncio.ensure_future(_wait(call))
-        pending[fut] = Attempt(choice, hedge, now, call)
+        pending[fut] = Attempt(choice, hedge, now, call, span)
 
     def cancel_all(status: Status) -> None:
         now = clock()
@@ -103,11 +133,13 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
             att.call.cancel()
             fut.cancel()
             report(att.choice.replica, now - att.started, status, att.hedge, False)
+            _end(att.span, status)
         pending.clear()
 
     if hedge_after <= 0 or len(queue) < 2:
         return await _in_turn(raw, method, queue, upstreams=upstreams, report=report,
-                              clock=clock, deadline=deadline, metadata=metadata, tally=tally)
+                              clock=clock, deadline=deadline, metadata=metadata, tally=tally,
+                              tracer=tracer)
     start(False)
     hedge_at: float | None = clock() + hedge_after
     try:
@@ -144,11 +176,13 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
                 if exc is None:
                     cancel_all(Status.CANCELLED)
                     report(att.choice.replica, latency, Status.OK, att.hedge, True)
+                    _end(att.span, Status.OK)
                     tally.hedge_won = att.hedge
                     return fut.result()
                 code, details = _error(exc)
                 status = STATUS_OF.get(code, Status.ERROR)
                 last_error = (code, details)
+                _end(att.span, status, f"{code.name}: {details}")
                 if code not in FAILOVER_CODES:
                     cancel_all(Status.CANCELLED)
                     report(att.choice.replica, latency, status, att.hedge, True)
@@ -168,7 +202,8 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
 
 async def _in_turn(raw: bytes, method: str, queue: list[Choice], *, upstreams: Upstreams,
                    report: Report, clock: Callable[[], float], deadline: float | None,
-                   metadata: Sequence[tuple[str, str]], tally: Tally) -> bytes:
+                   metadata: Sequence[tuple[str, str]], tally: Tally,
+                   tracer: Tracer | None) -> bytes:
     """No hedge: one attempt at a time, the next only after a failover error.  Awaits each
     call directly (no task, no wait set): the common path, and the cheapest."""
     last: tuple[grpc.StatusCode, str] = (grpc.StatusCode.UNAVAILABLE,
@@ -180,25 +215,30 @@ async def _in_turn(raw: bytes, method: str, queue: list[Choice], *, upstreams: U
             raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
                          f"deadline exceeded after trying {i} replica(s)")
         tally.failovers += i > 0
+        span, md = (None, metadata) if tracer is None else _attempt_span(tracer, choice, False,
+                                                                          metadata)
         call = upstreams.unary(choice.endpoint, method)(
             raw, timeout=None if deadline is None else deadline - started,
-            metadata=metadata or None)
+            metadata=md or None)
         try:
             reply: bytes = await call
         except asyncio.CancelledError:  # the client went away
             call.cancel()
             report(choice.replica, clock() - started, Status.CANCELLED, False, True)
+            _end(span, Status.CANCELLED)
             raise
         except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
             code, details = _error(exc)
             status = STATUS_OF.get(code, Status.ERROR)
             final = code not in FAILOVER_CODES or i == len(queue) - 1
             report(choice.replica, clock() - started, status, False, final)
+            _end(span, status, f"{code.name}: {details}")
             if code not in FAILOVER_CODES:
                 raise Failed(code, details) from None
             last = (code, details)
             continue
         report(choice.replica, clock() - started, Status.OK, False, True)
+        _end(span, Status.OK)
         return reply
     raise Failed(last[0], f"every replica tried failed; last: {last[1]}")
 

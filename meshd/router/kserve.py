@@ -27,9 +27,11 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, StatusCode, Tracer
 from tritonclient.grpc import service_pb2
 
-from meshd import __version__
+from meshd import __version__, tracing
 from meshd.router.auth import SLO_HEADER, ClientAuth, Unauthenticated
 from meshd.router.counters import RouterCounters
 from meshd.router.dispatch import Failed, Tally, dispatch
@@ -39,6 +41,12 @@ from meshd.router.validate import InvalidRequest, ModelSchema, validate
 from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
 
 log = logging.getLogger("meshd.router")
+
+
+def _code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """The status an aborted call ended with."""
+    code = context.code()  # type: ignore[attr-defined]
+    return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
 T = TypeVar("T")
 
 PASS_HEADERS = frozenset({"traceparent", "tracestate"})
@@ -110,6 +118,8 @@ class KServeRouter:
         self.upstreams = Upstreams()
         self.schemas = Schemas(self.upstreams)
         self.counters = RouterCounters()
+        self.tracer: Tracer | None = None
+        """Set when tracing is on (:mod:`meshd.tracing`): each request is a span."""
 
     # --- wiring -------------------------------------------------------------------------------
 
@@ -164,13 +174,33 @@ class KServeRouter:
         shed, invalid or cancelled (so ``requests`` less those is what is in flight)."""
         c = self.counters
         c.requests += 1
+        tracer = self.tracer
         try:
-            return await self._model_infer(raw, context)
+            if tracer is None:
+                return await self._model_infer(raw, context, None)
+            span = tracer.start_span(
+                "router ModelInfer", tracing.extract(context.invocation_metadata() or ()),
+                SpanKind.SERVER)
+            if not span.is_recording():  # not sampled: no child spans, no context to carry
+                return await self._model_infer(raw, context, None)
+            with trace.use_span(span, end_on_exit=True, record_exception=False,
+                                set_status_on_exception=False):
+                try:
+                    return await self._model_infer(raw, context, tracer)
+                except grpc.aio.AbortError:
+                    code = _code(context)
+                    span.set_attribute("rpc.grpc.status_code", code.value[0])
+                    span.set_status(StatusCode.ERROR, code.name)
+                    raise
+                except asyncio.CancelledError:
+                    span.set_status(StatusCode.ERROR, "CANCELLED")
+                    raise
         except asyncio.CancelledError:
             c.cancelled += 1
             raise
 
-    async def _model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _model_infer(self, raw: bytes, context: grpc.aio.ServicerContext,
+                           tracer: Tracer | None) -> bytes:
         c = self.counters
         tenant, slo, passed = await self._caller(context, counted=True)
         try:
@@ -193,9 +223,20 @@ class KServeRouter:
             c.invalid += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         remaining = context.time_remaining()
-        scored = await self._score(context, ScoreRequest(
-            model, version, payload, tenant, slo,
-            deadline=remaining if remaining is not None else 0.0))
+        request = ScoreRequest(model, version, payload, tenant, slo,
+                               deadline=remaining if remaining is not None else 0.0)
+        if tracer is None:
+            scored = await self._score(context, request)
+        else:  # few attributes: a sampled span's cost is mostly the SDK's per attribute
+            span = tracer.start_span("score", attributes={"meshd.model": model})
+            try:
+                scored = await self._score(context, request)
+                span.set_attributes({"meshd.strategy": scored.strategy,
+                                     "meshd.targets": len(scored.targets)})
+                if not scored.verdict.admit:
+                    span.set_attribute("meshd.shed", scored.verdict.reason)
+            finally:
+                span.end()
         v = scored.verdict
         if not v.admit:
             c.shed[v.reason] = c.shed.get(v.reason, 0) + 1
@@ -221,7 +262,8 @@ class KServeRouter:
             reply = await dispatch(raw, "ModelInfer", scored.targets, scored.hedge_after,
                                    upstreams=self.upstreams, report=report, clock=clock,
                                    deadline=None if remaining is None else now + remaining,
-                                   metadata=passed, tally=tally, hedge_to=hedge_to)
+                                   metadata=passed, tally=tally, hedge_to=hedge_to,
+                                   tracer=tracer)
         except Failed as exc:
             self._failed(exc.code.name)
             await context.abort(exc.code, exc.details)

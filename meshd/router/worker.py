@@ -29,7 +29,7 @@ from pathlib import Path
 from certs.identity import Identity, IdentityError
 from certs.revocation import Revocations
 from certs.verify import PeerVerifier
-from meshd import logs
+from meshd import logs, tracing
 from meshd.router import server as router_server
 from meshd.router.auth import TokenFileError
 from meshd.router.remote_scoring import RemoteScoring
@@ -98,6 +98,8 @@ async def run(args: argparse.Namespace) -> int:
         identity=lambda: files.identity if files is not None else None,
         tokens_file=args.tokens, node=args.node, reuse_port=True,
         verifier=files.verifier if files is not None else None)
+    provider = tracing.setup("meshd", args.node)
+    router.tracer = tracing.tracer(provider, "meshd.router")
     life = f"{args.node}/{os.getpid()}/{int(loop.time() * 1000)}"
     log.info("router worker started", extra={"event": "router_worker_started",
                                               "router": where, "worker": life})
@@ -131,6 +133,8 @@ async def run(args: argparse.Namespace) -> int:
         except ScoringUnavailable:
             pass
         await router.close()
+        if provider is not None:
+            await loop.run_in_executor(None, provider.shutdown)
     log.info("router worker stopped", extra={"event": "router_worker_stopped"})
     return 0
 

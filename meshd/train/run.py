@@ -44,6 +44,7 @@ from meshd.state_api import comm_from
 from meshd.train.leases import LeaseKeeper
 from meshd.train.logs import log_path
 from meshd.train.scheduler import parts_of
+from meshd.train.spans import JobSpans
 from proto.mesh.v1 import state_pb2
 
 if TYPE_CHECKING:
@@ -96,6 +97,9 @@ class JobRun:
         self._renewal: asyncio.Task[None] | None = None
         self._next_try = 0.0
         self._reader: asyncio.Task[None] | None = None
+        tracer = service.tracer
+        self.spans = None if tracer is None else JobSpans(
+            tracer, name, self.token, self.attempt, self.rank, self.ring, service.node)
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -105,6 +109,8 @@ class JobRun:
         finally:
             self.kill("run ended")
             self.finished = True
+            if self.spans is not None:
+                self.spans.end(self.outcome or "stopped")
             log.info("job run ended", extra={"event": "job_run_ended", "job": self.name,
                                              "token": self.token, "detail": self.outcome})
 
@@ -256,7 +262,8 @@ class JobRun:
                "MESHD_HPARAMS": json.dumps(self.spec.get("hyperparameters", {})),
                "MESHD_MODEL": str(self.spec.get("model", "")),
                "MESHD_NODE": self.service.node, "MESHD_SLOTS": ",".join(self.gpus),
-               **self.gang_environment()}
+               **self.gang_environment(),
+               **(self.spans.environment() if self.spans is not None else {})}
         gpus = [g for g in self.gpus if not g.startswith("cpu")]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -302,6 +309,8 @@ class JobRun:
                     comm = doc.pop("comm", None)
                     if isinstance(comm, dict):
                         self._comm(comm)
+                    if self.spans is not None:
+                        self.spans.report(doc)
                     self.report = {**self.report, **doc}
 
     def _comm(self, doc: dict[str, Any]) -> None:
@@ -317,6 +326,8 @@ class JobRun:
         except (KeyError, TypeError, ValueError, ArithmeticError):
             return
         self.service.report_comm(stats)
+        if self.spans is not None:
+            self.spans.collective(stats.op, stats.seconds, stats.bytes)
 
     def _tell(self, line: str) -> None:
         """One command to the child's watchdog (see :mod:`meshd.train.watchdog`)."""

@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.trace import Tracer
+
 from adapters.model import CommStats
 from consensus.group import ConsensusError
 from gossip.protocol import Swim
@@ -61,6 +63,8 @@ class TrainService:
         self.trainer = trainer
         self.data_dir = data_dir
         self.runs: dict[str, JobRun] = {}
+        self.tracer: Tracer | None = None
+        """Set when tracing is on: each rank's attempt is a span (:mod:`meshd.train.spans`)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- what the mesh offers ---------------------------------------------------------------

@@ -1,0 +1,203 @@
+"""What tracing costs the router: CPU per request with OTLP tracing on (sampling 10%) against
+off, through the same router code on the same Triton.
+
+    ./dev bench tracing [--quick] [--rounds 30] [--calls 2000] [--ratio 0.1]
+    .venv/bin/python bench/tracing.py ...
+
+Bar (from the issue): tracing adds <= 5% to the router's CPU per request when enabled with
+sampling at 10%.
+
+One router process (``bench/router_overhead.py``'s router child: ``meshd.router.server``
+over a ``Scorer`` whose fused view lists one real Triton's ``add_sub``) started with
+``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at an OTLP/gRPC receiver in this process and
+``OTEL_TRACES_SAMPLER=parentbased_traceidratio``, ``OTEL_TRACES_SAMPLER_ARG=--ratio``.
+Between rounds the bench switches the router's tracer on and off (``tracer on|off``: the
+router's ``tracer`` attribute, what the agent sets when the variables ask), so both paths run
+in one process with the same connections, caches and core: two processes differ by more than
+the few percent measured here on this shared machine.  Clients send no trace context, so the
+router's own span is the root and the ratio decides.  The process measures its own CPU
+(``getrusage``: all threads, the span exporter's included) before and after each round;
+rounds of ``--calls`` requests at concurrency 8 (``tritonclient.grpc.aio``) alternate on and
+off, the first rotating.  CPU per request is each path's total CPU over its requests; the
+overhead is on / off - 1, with the median of the per-pair ratios beside it.
+
+Prints one table and writes ``bench/results/tracing.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+
+from bench.child import log  # noqa: E402
+from bench.router_overhead import MODEL, AioClients, Child  # noqa: E402
+from bench.table import git_state, loadavg, machine_info, print_table, verdict  # noqa: E402
+from tests.otlp_receiver import Receiver  # noqa: E402
+
+BAR = 0.05
+CONCURRENCY = 8
+HEAD = ("measurement", "value", "bar", "result")
+PATHS = ("plain", "control", "traced")
+"""Tracing off, off again (an A/A control: what the method reads when nothing differs), on."""
+
+
+def start_router(upstream: str, env: dict[str, str], workdir: Path) -> Child:
+    """The router child with exactly ``env``'s OTEL_* variables (Child copies os.environ)."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
+    for k in saved:
+        del os.environ[k]
+    os.environ.update(env)
+    try:
+        return Child("router", {"upstream": upstream}, workdir / "router.log")
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+        os.environ.update(saved)
+
+
+def measure(args: argparse.Namespace, router: Child, clients: AioClients) -> dict[str, Any]:
+    for path in PATHS:  # warm up: connections, the router's caches, the exporter's channel
+        router.cmd(f"tracer {'on' if path == 'traced' else 'off'}")
+        clients.round("router", min(args.calls, 500), CONCURRENCY)
+    acc = {p: {"cpu_s": 0.0, "calls": 0, "per_round_ms": [], "wall_s": 0.0, "lat_us": []}
+           for p in PATHS}
+    ratios, controls = [], []
+    for r in range(args.rounds):
+        order = PATHS[r % 3:] + PATHS[:r % 3]
+        this: dict[str, float] = {}
+        for path in order:
+            router.cmd(f"tracer {'on' if path == 'traced' else 'off'}")
+            c0 = router.cpu()["cpu"]
+            lat, wall = clients.round("router", args.calls, CONCURRENCY)
+            c1 = router.cpu()["cpu"]
+            e = acc[path]
+            e["cpu_s"] += c1 - c0
+            e["calls"] += args.calls
+            e["wall_s"] += wall
+            e["lat_us"].extend(lat)
+            this[path] = (c1 - c0) / args.calls * 1000
+            e["per_round_ms"].append(this[path])
+        ratios.append(this["traced"] / this["plain"] - 1)
+        controls.append(this["control"] / this["plain"] - 1)
+        log(f"round {r + 1}/{args.rounds}: off {this['plain']:.3f} ms, off again "
+            f"{this['control']:.3f} ms ({controls[-1]:+.1%}), on {this['traced']:.3f} ms "
+            f"({ratios[-1]:+.1%}) CPU per request")
+    out: dict[str, Any] = {"paths": {}, "paired_overhead": ratios, "paired_control": controls}
+    for path, e in acc.items():
+        lat = sorted(e["lat_us"])
+        out["paths"][path] = {
+            "cpu_ms_per_request": e["cpu_s"] / e["calls"] * 1000, "calls": e["calls"],
+            "throughput": e["calls"] / e["wall_s"],
+            "p50_ms": lat[len(lat) // 2] / 1000, "p99_ms": lat[int(len(lat) * 0.99)] / 1000,
+            "per_round_ms": e["per_round_ms"]}
+    p = out["paths"]
+    out["overhead"] = p["traced"]["cpu_ms_per_request"] / p["plain"]["cpu_ms_per_request"] - 1
+    out["paired_median"] = statistics.median(ratios)
+    out["control"] = p["control"]["cpu_ms_per_request"] / p["plain"]["cpu_ms_per_request"] - 1
+    out["control_median"] = statistics.median(controls)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (a smoke check)")
+    ap.add_argument("--rounds", type=int, default=0)
+    ap.add_argument("--calls", type=int, default=0)
+    ap.add_argument("--ratio", type=float, default=0.1, help="the sampling ratio (0.1)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tracing.json")
+    args = ap.parse_args()
+    q = args.quick
+    args.rounds = args.rounds or (3 if q else 30)
+    args.calls = args.calls or (300 if q else 2000)
+    from meshd.devtriton import DEFAULT_REPO, TritonServer, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        print(f"tracing: Triton is unavailable here: {reason}", file=sys.stderr)
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="meshd-bench-tracing-"))
+    started = time.perf_counter()
+    log(f"tracing{' (quick)' if q else ''}: work dir {workdir}; load average {loadavg()}")
+    receiver = Receiver().start()
+    triton = TritonServer(DEFAULT_REPO, workdir / "triton", models=[MODEL], name="triton")
+    router: Child | None = None
+    clients: AioClients | None = None
+    try:
+        triton.start(timeout=180)
+        traced_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                      "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                      "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                      "OTEL_TRACES_SAMPLER_ARG": str(args.ratio)}
+        router = start_router(triton.grpc_url, traced_env, workdir)
+        clients = AioClients({"router": router.addr})
+        result = measure(args, router, clients)
+    finally:
+        if clients is not None:
+            clients.close()
+        if router is not None:
+            router.stop()  # it flushes its last spans as it stops
+        triton.stop()
+        receiver.stop()
+        spans = len(receiver.spans)
+        routed = sum(1 for s in receiver.spans if s.name == "router ModelInfer")
+        if not routed:
+            print(f"work dir kept: {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    p = result["paths"]
+    total = p["traced"]["calls"] + min(args.calls, 500)  # the warm-up's were traced too
+    rows = [
+        ["router CPU per request, tracing off",
+         f"{p['plain']['cpu_ms_per_request']:.3f} ms", "", ""],
+        ["router CPU per request, tracing on (sampling "
+         f"{args.ratio:.0%})", f"{p['traced']['cpu_ms_per_request']:.3f} ms", "", ""],
+        ["tracing overhead (pooled)", f"{result['overhead']:+.1%}", f"<= {BAR:.0%}",
+         verdict(result["overhead"] <= BAR)],
+        ["tracing overhead (median of paired rounds)", f"{result['paired_median']:+.1%}",
+         "", ""],
+        ["A/A control: off again vs off (pooled; paired median)",
+         f"{result['control']:+.1%}; {result['control_median']:+.1%}", "", ""],
+        ["p50 / p99 latency, off", f"{p['plain']['p50_ms']:.2f} / {p['plain']['p99_ms']:.2f} ms",
+         "", ""],
+        ["p50 / p99 latency, on", f"{p['traced']['p50_ms']:.2f} / {p['traced']['p99_ms']:.2f} ms",
+         "", ""],
+        ["requests traced (router spans received / sent)",
+         f"{routed} / {total} ({routed / total:.1%})", f"~{args.ratio:.0%}", ""],
+    ]
+    title = f"Tracing overhead in the router{': QUICK sizes' if q else ''}"
+    print(f"\n{title} ({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
+    print_table(HEAD, rows)
+    wall = time.perf_counter() - started
+    print(f"\nwall time {wall:.0f} s; {spans} spans received")
+    report = {"benchmark": "tracing", "quick": q, "argv": sys.argv,
+              "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
+              "loadavg_end": loadavg(), "git": git_state(), "wall_s": wall,
+              "setup": {"rounds": args.rounds, "calls": args.calls, "ratio": args.ratio,
+                        "concurrency": CONCURRENCY, "bar": BAR},
+              "table": [dict(zip(HEAD, r, strict=True)) for r in rows], "results": result,
+              "spans_received": spans}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    md = args.out.with_suffix(".md")
+    md.write_text(f"# {title}\n\n" + "\n".join(
+        ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+        + ["| " + " | ".join(r) + " |" for r in rows]) + "\n")
+    print(f"wrote {args.out.relative_to(ROOT)}")
+    return 0 if result["overhead"] <= BAR else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
