@@ -46,6 +46,7 @@ from meshd.router.counters import RouterCounters, WorkerCounters
 from meshd.router.kserve import KServeRouter
 from meshd.router.pool import WorkerPool
 from meshd.router.scoring import LocalScoring
+from meshd.router.traces import request_tracer
 from meshd.score.scorer import Scorer
 from meshd.security import EnrollmentRefused, Security, SecurityError
 from meshd.settings import DEFAULT_RAFT_PORT, Settings, parse_hostport
@@ -347,7 +348,7 @@ class Agent:
                     LocalScoring(self.scorer, loop.time), loop.time, s.router_addr(),
                     dev=s.dev, identity=lambda: sec.identity, tokens_file=s.router_tokens,
                     node=s.node, verifier=sec.verifier, reuse_port=s.router_workers > 1)
-                self.router.tracer = tracing.tracer(self.tracing, "meshd.router")
+                self.router.tracer = request_tracer(self.tracing)
                 if s.router_workers > 1:
                     await self._start_router_workers(router_where)
         except (OSError, TokenFileError) as exc:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -65,9 +66,25 @@ def exporter(environ: Mapping[str, str] = os.environ) -> SpanExporter:
     raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not grpc or http/protobuf")
 
 
+@dataclass(frozen=True, slots=True)
+class Tracing:
+    """The process's tracer provider and the batch processor that exports its spans (the
+    router hands its request spans to the processor directly: :mod:`meshd.router.traces`)."""
+
+    provider: TracerProvider
+    processor: SpanProcessor
+
+    def tracer(self, name: str) -> Tracer:
+        return self.provider.get_tracer(name)
+
+    def shutdown(self) -> None:
+        """Export what is queued (bounded by the export timeout) and stop."""
+        self.provider.shutdown()
+
+
 def setup(service: str, node: str,
-          environ: Mapping[str, str] = os.environ) -> TracerProvider | None:
-    """A tracer provider exporting over OTLP, made the process's global one; None when the
+          environ: Mapping[str, str] = os.environ) -> Tracing | None:
+    """Tracing exporting over OTLP, its provider made the process's global one; None when the
     environment does not ask for traces (or names an unknown protocol, which is logged)."""
     if not enabled(environ):
         return None
@@ -80,17 +97,18 @@ def setup(service: str, node: str,
     if not environ.get("OTEL_SERVICE_NAME"):
         attributes["service.name"] = service
     provider = TracerProvider(resource=Resource.create(attributes))
-    provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    processor = BatchSpanProcessor(span_exporter)
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     endpoint = next((environ[name] for name in ENDPOINTS if environ.get(name)), "(default)")
     log.info("tracing on", extra={"event": "tracing_on", "endpoint": endpoint,
                                   "sampler": environ.get("OTEL_TRACES_SAMPLER",
                                                          "parentbased_always_on")})
-    return provider
+    return Tracing(provider, processor)
 
 
-def tracer(provider: TracerProvider | None, name: str) -> Tracer | None:
-    return provider.get_tracer(name) if provider is not None else None
+def tracer(setup: Tracing | None, name: str) -> Tracer | None:
+    return setup.tracer(name) if setup is not None else None
 
 
 def extract(metadata: Iterable[tuple[str, object]]) -> Context:

@@ -196,3 +196,82 @@ def test_a_request_is_one_trace_from_client_to_triton_and_a_job_is_traced(
                                    if s.parent_id == attempt.span_id], 10, "step spans")
     assert len(steps) >= 3 and {s.trace_id for s in steps} == {attempt.trace_id}
     assert max(s.attributes["meshd.last_step"] for s in steps) >= 29
+
+
+# --- the router's sampling fast path ----------------------------------------------------------
+
+
+def _request_tracer(sampler: Any) -> Any:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from meshd.router.traces import RequestTracer
+
+    provider = TracerProvider(sampler=sampler)
+    processor = SimpleSpanProcessor(InMemorySpanExporter())
+    provider.add_span_processor(processor)
+    return RequestTracer(tracing.Tracing(provider, processor))
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.1, 0.5, 1.0])
+def test_new_traces_are_sampled_as_the_sdk_would_at_the_configured_ratio(rate: float) -> None:
+    """The fast path (no client context) keeps a new trace exactly when the SDK's
+    TraceIdRatioBased would keep its id, parent based or not, at about the ratio."""
+    from opentelemetry.sdk.trace import sampling
+
+    for sampler in (sampling.ParentBasedTraceIdRatio(rate), sampling.TraceIdRatioBased(rate)):
+        rt = _request_tracer(sampler)
+        assert rt.bound is not None
+        kept = [rt.start("r", [("user-agent", "x")]) for _ in range(4000)]
+        sampled = [t for t in kept if t is not None]
+        for t in sampled[:200]:
+            assert sampling.TraceIdRatioBased(rate).should_sample(
+                None, t.trace_id, "r").decision.is_sampled()
+        share = len(sampled) / len(kept)
+        assert abs(share - rate) < 0.03, (sampler, share)
+
+
+def test_a_clients_context_decides_under_the_parent_based_sampler() -> None:
+    from opentelemetry.sdk.trace import sampling
+
+    rt = _request_tracer(sampling.ParentBasedTraceIdRatio(0.0))  # new traces: never
+    sampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    t = rt.start("r", [("traceparent", sampled)])
+    assert t is not None and format(t.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert t.root.parent == 0xB7AD6B7169203331
+    assert rt.start("r", [("traceparent", sampled[:-2] + "00")]) is None
+    assert rt.start("r", [("traceparent", "not-a-traceparent")]) is None  # a new trace, 0%
+    always = _request_tracer(sampling.ParentBased(sampling.ALWAYS_ON))
+    assert always.start("r", []) is not None
+
+
+def test_a_sampled_request_exports_its_spans_with_their_links() -> None:
+    from opentelemetry.sdk.trace import sampling
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from meshd.router.traces import RequestTracer
+
+    provider = TracerProvider(sampler=sampling.ALWAYS_ON)
+    memory = InMemorySpanExporter()
+    processor = SimpleSpanProcessor(memory)
+    rt = RequestTracer(tracing.Tracing(provider, processor))
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    t = rt.start("router ModelInfer", [("traceparent", parent), ("tracestate", "k=v")])
+    assert t is not None
+    score = t.child("score", attributes={"meshd.model": "m"})
+    score.end()
+    call = t.child("triton ModelInfer", trace.SpanKind.CLIENT, {"meshd.target": "n2"})
+    md = dict(t.metadata(call, [("traceparent", parent), ("x-meshd-slo", "gold")]))
+    assert md["traceparent"] == f"00-{t.trace_id:032x}-{call.span_id:016x}-01"
+    assert md["tracestate"] == "k=v" and md["x-meshd-slo"] == "gold"
+    call.end("UNAVAILABLE: gone")
+    t.finish()
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    root = spans["router ModelInfer"]
+    assert root.parent is not None and root.parent.span_id == 0xB7AD6B7169203331
+    assert root.kind == trace.SpanKind.SERVER and root.status.status_code.name == "UNSET"
+    for name in ("score", "triton ModelInfer"):
+        assert spans[name].parent.span_id == root.context.span_id
+        assert spans[name].context.trace_id == root.context.trace_id
+    assert spans["triton ModelInfer"].status.status_code.name == "ERROR"
+    assert spans["triton ModelInfer"].status.description == "UNAVAILABLE: gone"
+    assert spans["score"].end_time >= spans["score"].start_time > 0

@@ -19,10 +19,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
-from opentelemetry.trace import Span, SpanKind, Tracer
-from opentelemetry.trace import StatusCode as SpanStatus
+from opentelemetry.trace import SpanKind
 
-from meshd import tracing
+from meshd.router.traces import RequestTrace, SpanRecord
 from meshd.router.upstream import Upstreams
 from meshd.score.scorer import Choice, Status
 
@@ -52,27 +51,26 @@ class Attempt:
     hedge: bool
     started: float
     call: grpc.aio.UnaryUnaryCall
-    span: Span | None = None
+    span: SpanRecord | None = None
 
 
-def _attempt_span(tracer: Tracer, choice: Choice, hedge: bool,
-                  metadata: Sequence[tuple[str, str]]) -> tuple[Span, list[tuple[str, str]]]:
+def _attempt_span(trace: RequestTrace, choice: Choice, hedge: bool,
+                  metadata: Sequence[tuple[str, str]]
+                  ) -> tuple[SpanRecord, list[tuple[str, str]]]:
     """A client span for one attempt (a child of the request's), and the metadata that carries
     it to the runtime."""
-    span = tracer.start_span("triton ModelInfer", kind=SpanKind.CLIENT, attributes={
-        "server.address": choice.endpoint, "meshd.target": choice.node})
+    attributes: dict[str, object] = {"server.address": choice.endpoint,
+                                     "meshd.target": choice.node}
     if hedge:
-        span.set_attribute("meshd.hedge", True)
-    return span, tracing.inject(span, metadata)
+        attributes["meshd.hedge"] = True
+    span = trace.child("triton ModelInfer", SpanKind.CLIENT, attributes)
+    return span, trace.metadata(span, metadata)
 
 
-def _end(span: Span | None, status: Status, details: str = "") -> None:
-    if span is None:
-        return
-    if status != Status.OK:  # OK leaves the status unset, as OTel's gRPC client spans do
-        span.set_status(SpanStatus.ERROR, f"{status.name}: {details}" if details
-                        else status.name)
-    span.end()
+def _end(span: SpanRecord | None, status: Status, details: str = "") -> None:
+    if span is not None:  # OK leaves the status unset, as OTel's gRPC client spans do
+        span.end("" if status == Status.OK
+                 else f"{status.name}: {details}" if details else status.name)
 
 
 @dataclass(slots=True)
@@ -93,7 +91,7 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
                    deadline: float | None, metadata: Sequence[tuple[str, str]] = (),
                    tally: Tally | None = None,
                    hedge_to: Callable[[str], Awaitable[Choice | None]] | None = None,
-                   tracer: Tracer | None = None) -> bytes:
+                   trace: RequestTrace | None = None) -> bytes:
     """Relay ``raw`` (a serialized request for ``method``) and return the reply bytes, or
     raise :class:`Failed`.  ``deadline`` is absolute, on ``clock``.
 
@@ -105,8 +103,8 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
     the ordinary tail at 80% load and made the p99 worse).  Without it the hedge goes to the
     next target in ``targets`` when due.
 
-    ``tracer`` (tracing on): each attempt is a client span, and its metadata carries that
-    span's trace context instead of the client's."""
+    ``trace`` (a sampled request): each attempt is a client span, and its metadata carries
+    that span's trace context instead of the client's."""
     tally = tally if tally is not None else Tally()
     pending: dict[asyncio.Future[bytes], Attempt] = {}
     queue = list(targets)
@@ -120,8 +118,8 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
             queue[:] = [c for c in queue if c.replica != choice.replica]
         now = clock()
         timeout = None if deadline is None else max(0.0, deadline - now)
-        span, md = (None, metadata) if tracer is None else _attempt_span(tracer, choice, hedge,
-                                                                          metadata)
+        span, md = (None, metadata) if trace is None else _attempt_span(trace, choice, hedge,
+                                                                         metadata)
         call = upstreams.unary(choice.endpoint, method)(raw, timeout=timeout,
                                                           metadata=md or None)
         fut: asyncio.Future[bytes] = asyncio.ensure_future(_wait(call))
@@ -139,7 +137,7 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
     if hedge_after <= 0 or len(queue) < 2:
         return await _in_turn(raw, method, queue, upstreams=upstreams, report=report,
                               clock=clock, deadline=deadline, metadata=metadata, tally=tally,
-                              tracer=tracer)
+                              trace=trace)
     start(False)
     hedge_at: float | None = clock() + hedge_after
     try:
@@ -203,7 +201,7 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
 async def _in_turn(raw: bytes, method: str, queue: list[Choice], *, upstreams: Upstreams,
                    report: Report, clock: Callable[[], float], deadline: float | None,
                    metadata: Sequence[tuple[str, str]], tally: Tally,
-                   tracer: Tracer | None) -> bytes:
+                   trace: RequestTrace | None) -> bytes:
     """No hedge: one attempt at a time, the next only after a failover error.  Awaits each
     call directly (no task, no wait set): the common path, and the cheapest."""
     last: tuple[grpc.StatusCode, str] = (grpc.StatusCode.UNAVAILABLE,
@@ -215,8 +213,8 @@ async def _in_turn(raw: bytes, method: str, queue: list[Choice], *, upstreams: U
             raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
                          f"deadline exceeded after trying {i} replica(s)")
         tally.failovers += i > 0
-        span, md = (None, metadata) if tracer is None else _attempt_span(tracer, choice, False,
-                                                                          metadata)
+        span, md = (None, metadata) if trace is None else _attempt_span(trace, choice, False,
+                                                                         metadata)
         call = upstreams.unary(choice.endpoint, method)(
             raw, timeout=None if deadline is None else deadline - started,
             metadata=md or None)

@@ -27,15 +27,14 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind, StatusCode, Tracer
 from tritonclient.grpc import service_pb2
 
-from meshd import __version__, tracing
+from meshd import __version__
 from meshd.router.auth import SLO_HEADER, ClientAuth, Unauthenticated
 from meshd.router.counters import RouterCounters
 from meshd.router.dispatch import Failed, Tally, dispatch
 from meshd.router.scoring import Scoring, ScoringUnavailable
+from meshd.router.traces import RequestTrace, RequestTracer
 from meshd.router.upstream import Upstreams
 from meshd.router.validate import InvalidRequest, ModelSchema, validate
 from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
@@ -118,8 +117,8 @@ class KServeRouter:
         self.upstreams = Upstreams()
         self.schemas = Schemas(self.upstreams)
         self.counters = RouterCounters()
-        self.tracer: Tracer | None = None
-        """Set when tracing is on (:mod:`meshd.tracing`): each request is a span."""
+        self.tracer: RequestTracer | None = None
+        """Set when tracing is on (:mod:`meshd.tracing`): each sampled request is a trace."""
 
     # --- wiring -------------------------------------------------------------------------------
 
@@ -178,29 +177,26 @@ class KServeRouter:
         try:
             if tracer is None:
                 return await self._model_infer(raw, context, None)
-            span = tracer.start_span(
-                "router ModelInfer", tracing.extract(context.invocation_metadata() or ()),
-                SpanKind.SERVER)
-            if not span.is_recording():  # not sampled: no child spans, no context to carry
+            rt = tracer.start("router ModelInfer", context.invocation_metadata() or ())
+            if rt is None:  # not sampled: no spans, the client's context passes as it is
                 return await self._model_infer(raw, context, None)
-            with trace.use_span(span, end_on_exit=True, record_exception=False,
-                                set_status_on_exception=False):
-                try:
-                    return await self._model_infer(raw, context, tracer)
-                except grpc.aio.AbortError:
-                    code = _code(context)
-                    span.set_attribute("rpc.grpc.status_code", code.value[0])
-                    span.set_status(StatusCode.ERROR, code.name)
-                    raise
-                except asyncio.CancelledError:
-                    span.set_status(StatusCode.ERROR, "CANCELLED")
-                    raise
+            try:
+                reply = await self._model_infer(raw, context, rt)
+            except grpc.aio.AbortError:
+                code = _code(context)
+                rt.finish(code.name, {"rpc.grpc.status_code": code.value[0]})
+                raise
+            except asyncio.CancelledError:
+                rt.finish("CANCELLED")
+                raise
+            rt.finish()
+            return reply
         except asyncio.CancelledError:
             c.cancelled += 1
             raise
 
     async def _model_infer(self, raw: bytes, context: grpc.aio.ServicerContext,
-                           tracer: Tracer | None) -> bytes:
+                           rt: RequestTrace | None) -> bytes:
         c = self.counters
         tenant, slo, passed = await self._caller(context, counted=True)
         try:
@@ -225,18 +221,16 @@ class KServeRouter:
         remaining = context.time_remaining()
         request = ScoreRequest(model, version, payload, tenant, slo,
                                deadline=remaining if remaining is not None else 0.0)
-        if tracer is None:
+        if rt is None:
             scored = await self._score(context, request)
-        else:  # few attributes: a sampled span's cost is mostly the SDK's per attribute
-            span = tracer.start_span("score", attributes={"meshd.model": model})
-            try:
-                scored = await self._score(context, request)
-                span.set_attributes({"meshd.strategy": scored.strategy,
-                                     "meshd.targets": len(scored.targets)})
-                if not scored.verdict.admit:
-                    span.set_attribute("meshd.shed", scored.verdict.reason)
-            finally:
-                span.end()
+        else:
+            span = rt.child("score", attributes={"meshd.model": model})
+            scored = await self._score(context, request)
+            span.attributes.update({"meshd.strategy": scored.strategy,
+                                    "meshd.targets": len(scored.targets)})
+            if not scored.verdict.admit:
+                span.attributes["meshd.shed"] = scored.verdict.reason
+            span.end()
         v = scored.verdict
         if not v.admit:
             c.shed[v.reason] = c.shed.get(v.reason, 0) + 1
@@ -263,7 +257,7 @@ class KServeRouter:
                                    upstreams=self.upstreams, report=report, clock=clock,
                                    deadline=None if remaining is None else now + remaining,
                                    metadata=passed, tally=tally, hedge_to=hedge_to,
-                                   tracer=tracer)
+                                   trace=rt)
         except Failed as exc:
             self._failed(exc.code.name)
             await context.abort(exc.code, exc.details)

@@ -34,6 +34,7 @@ from meshd.router import server as router_server
 from meshd.router.auth import TokenFileError
 from meshd.router.remote_scoring import RemoteScoring
 from meshd.router.scoring import ScoringUnavailable
+from meshd.router.traces import request_tracer
 from meshd.settings import SettingsError, parse_hostport
 
 log = logging.getLogger("meshd.router")
@@ -99,7 +100,7 @@ async def run(args: argparse.Namespace) -> int:
         tokens_file=args.tokens, node=args.node, reuse_port=True,
         verifier=files.verifier if files is not None else None)
     provider = tracing.setup("meshd", args.node)
-    router.tracer = tracing.tracer(provider, "meshd.router")
+    router.tracer = request_tracer(provider)
     life = f"{args.node}/{os.getpid()}/{int(loop.time() * 1000)}"
     log.info("router worker started", extra={"event": "router_worker_started",
                                               "router": where, "worker": life})
