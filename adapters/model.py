@@ -8,6 +8,7 @@ tell its age: a queue depth is worth little once it is a second old.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -60,6 +61,11 @@ class ReplicaState:
     @property
     def key(self) -> str:
         return replica_key(self.endpoint, self.model, self.version)
+
+    def copy(self) -> ReplicaState:
+        """A copy with its own ``at`` (every other field is immutable): a fifth of
+        ``copy.deepcopy``'s cost, which made up most of publishing a 512-replica node."""
+        return dataclasses.replace(self, at=dict(self.at))
 
 
 def replica_key(endpoint: str, model: str, version: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import json
 import logging
@@ -363,6 +364,11 @@ class Agent:
             "metrics": f"{metrics_addr[0]}:{metrics_addr[1]}" if metrics_addr else "off",
             "score": score_where, "router": router_where,
             "incarnation": swim.incarnation, "roles": list(meta.roles)})
+        # What exists now lives as long as the agent: keep it out of the collector's full
+        # passes, which otherwise walk it all and hold every thread (a scrape of a large
+        # node's metrics among them) for tens of milliseconds each time.
+        gc.collect()
+        gc.freeze()
         self._install_signals()
         joiner = asyncio.create_task(self._join(seeds, saved))
         stopper = asyncio.create_task(self.stopping.wait())

@@ -19,11 +19,14 @@ value that grows without bound (request ids, timestamps, free text).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from meshd.score.scorer import REQUEST_BUCKETS, STRATEGY_BUCKETS
 from meshd.score.shadow import DIFF_BUCKETS
@@ -321,19 +324,90 @@ METRICS: dict[str, Spec] = {s.name: s for s in (
 )}
 
 
-def family(name: str) -> CounterMetricFamily | GaugeMetricFamily:
+class Family(Metric):
+    """A counter or gauge family of the table, filled at scrape time: rows of label values
+    and a value.  :func:`meshd.exposition.render` writes the rows as they are; ``samples``
+    builds ``prometheus_client`` samples from them on demand (``generate_latest``, tests).
+    A large node has thousands of rows, and a ``Sample`` per row was a third of a scrape."""
+
+    def __init__(self, spec: Spec) -> None:  # noqa: D107 - Metric.__init__ would add samples
+        self.name = spec.name
+        self.documentation = spec.help
+        self.type = spec.kind
+        self.unit = ""
+        self.labels = spec.labels
+        self.sample_name = spec.name + ("_total" if spec.kind == "counter" else "")
+        self.rows: list[tuple[tuple[str, ...], float]] = []
+
+    def add_metric(self, labels: Sequence[str], value: float) -> None:
+        self.rows.append((tuple(labels), value))
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [Sample(self.sample_name, dict(zip(self.labels, values, strict=True)), value,
+                       None) for values, value in self.rows]
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        raise AttributeError("a table family's samples are its rows (add_metric)")
+
+
+class HistogramFamily(Metric):
+    """A histogram family of the table from counts kept elsewhere: rows of label values,
+    per-bucket counts (the last above every bound) and the sum."""
+
+    def __init__(self, spec: Spec, bounds: tuple[float, ...]) -> None:
+        self.name = spec.name
+        self.documentation = spec.help
+        self.type = "histogram"
+        self.unit = ""
+        self.labels = spec.labels
+        self.bounds = bounds
+        self.rows: list[tuple[tuple[str, ...], list[int], float]] = []
+
+    def add(self, labels: Sequence[str], counts: Sequence[int], total: float) -> None:
+        self.rows.append((tuple(labels), list(counts), total))
+
+    def cumulative(self, counts: list[int]) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for le, n in zip(self.le(), counts, strict=True):
+            running += n
+            out.append((le, running))
+        return out
+
+    def le(self) -> list[str]:
+        return [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+
+    @property
+    def samples(self) -> list[Sample]:
+        out = []
+        for values, counts, total in self.rows:
+            labels = dict(zip(self.labels, values, strict=True))
+            cum = self.cumulative(counts)
+            out += [Sample(self.name + "_bucket", {**labels, "le": le}, n, None)
+                    for le, n in cum]
+            out.append(Sample(self.name + "_count", labels, cum[-1][1], None))
+            out.append(Sample(self.name + "_sum", labels, total, None))
+        return out
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        raise AttributeError("a table histogram's samples are its rows (add)")
+
+
+def family(name: str) -> Family:
     """An empty counter or gauge family for ``name``, as the table says."""
     spec = METRICS[name]
-    cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
     assert spec.kind != "histogram", name
-    return cls(name, spec.help, labels=list(spec.labels))
+    return Family(spec)
 
 
-def histogram_family(name: str) -> HistogramMetricFamily:
-    """An empty histogram family (for counts kept elsewhere, read at scrape time)."""
+def histogram_family(name: str, bounds: tuple[float, ...] | None = None) -> HistogramFamily:
+    """An empty histogram family (for counts kept elsewhere, read at scrape time), with the
+    table's buckets unless ``bounds`` says otherwise."""
     spec = METRICS[name]
     assert spec.kind == "histogram", name
-    return HistogramMetricFamily(name, spec.help, labels=list(spec.labels))
+    return HistogramFamily(spec, spec.buckets if bounds is None else bounds)
 
 
 def counter(name: str, registry: CollectorRegistry) -> Counter:

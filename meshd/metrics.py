@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
@@ -16,6 +16,7 @@ from gossip.protocol import Swim
 from gossip.state import Status
 from meshd.control import ControlPlane
 from meshd.coordinates import CoordinatePlane
+from meshd.exposition import MetricsServer
 from meshd.metric_schema import family, histogram
 from meshd.quarantine import AutoQuarantine
 from meshd.security import Security
@@ -292,7 +293,7 @@ class AgentMetrics:
                                         self.registry)
         self._estimate_error = self.estimate_error.labels(swim.name)
         self.registry.register(TopologyCollector(swim.name, coordinates))
-        self._server: object | None = None
+        self._server: MetricsServer | None = None
 
     def observe_estimate_errors(self, errors: Iterable[float]) -> None:
         for err in errors:
@@ -304,10 +305,8 @@ class AgentMetrics:
 
     def serve(self, host: str, port: int) -> None:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread."""
-        self._server, _thread = start_http_server(port, host, registry=self.registry)
+        self._server = MetricsServer(self.registry, host, port)
 
     def close(self) -> None:
-        server = self._server
-        if server is not None:
-            server.shutdown()  # type: ignore[attr-defined]
-            server.server_close()  # type: ignore[attr-defined]
+        if self._server is not None:
+            self._server.close()

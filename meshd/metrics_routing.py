@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from meshd.metric_schema import family, histogram_family
+from meshd.metric_schema import HistogramFamily, family, histogram_family
 from meshd.metrics import by, one
 from meshd.router.counters import RouterCounters
 from meshd.score.scorer import REQUEST_BUCKETS, STRATEGY_BUCKETS, Scorer, Timing
@@ -20,20 +20,16 @@ from meshd.score.shadow import DIFF_BUCKETS
 
 
 def _histogram(name: str, bounds: tuple[float, ...],
-               series: list[tuple[list[str], list[int], float]]) -> HistogramMetricFamily:
+               series: list[tuple[list[str], list[int], float]]) -> HistogramFamily:
     """``series``: (label values, per-bucket counts (last = above every bound), sum)."""
-    h = histogram_family(name)
+    h = histogram_family(name, bounds)
     for values, counts, total in series:
-        cum, running = [], 0
-        for bound, n in zip((*bounds, float("inf")), counts, strict=True):
-            running += n
-            cum.append((repr(bound) if bound != float("inf") else "+Inf", running))
-        h.add_metric(values, cum, total)
+        h.add(values, counts, total)
     return h
 
 
 def _timings(name: str, bounds: tuple[float, ...],
-             timings: dict[tuple[str, ...], Timing]) -> HistogramMetricFamily:
+             timings: dict[tuple[str, ...], Timing]) -> HistogramFamily:
     return _histogram(name, bounds, [(list(key), list(t.buckets), t.total)
                                      for key, t in sorted(timings.items())])
 

@@ -125,8 +125,8 @@ class SignalPlane:
         """A copy of this node's telemetry now, with the next sequence number."""
         self.external = {k: r for k, r in self.external.items()
                          if now - r.at.get("queue", r.at.get("ready", now)) < EXTERNAL_TTL}
-        replicas = [copy.deepcopy(r) for a in self.triton for r in a.replicas.values()]
-        replicas += [copy.deepcopy(r) for r in self.external.values()]
+        replicas = [r.copy() for a in self.triton for r in a.replicas.values()]
+        replicas += [r.copy() for r in self.external.values()]
         gpus = [copy.copy(g) for g in self.gpu.gpus.values()] if self.gpu is not None else []
         gpus += [copy.copy(g) for g in self.external_gpus.values()]
         cpu_only = ""

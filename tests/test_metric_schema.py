@@ -67,7 +67,7 @@ def test_families_built_from_the_table_expose_its_type_help_and_labels() -> None
             for spec in METRICS.values():
                 if spec.kind == "histogram":
                     fam = metric_schema.histogram_family(spec.name)
-                    fam.add_metric(["v"] * len(spec.labels), [("+Inf", 1)], 0.5)
+                    fam.add(["v"] * len(spec.labels), [0] * len(spec.buckets) + [1], 0.5)
                 else:
                     fam = metric_schema.family(spec.name)
                     fam.add_metric(["v"] * len(spec.labels), 1.0)
