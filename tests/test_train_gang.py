@@ -389,7 +389,7 @@ def test_a_ranks_malformed_comm_lines_are_dropped(tmp_path: Path) -> None:
     from meshd.train.run import JobRun
 
     got: list[CommStats] = []
-    service = SimpleNamespace(node="b", report_comm=got.append)
+    service = SimpleNamespace(node="b", report_comm=got.append, tracer=None)
     job = {"token": 3, "attempt": 1, "job": {}, "node": "a", "gpus": ["cpu0"],
            "parts": [{"node": "a", "gpus": ["cpu0"]}, {"node": "b", "gpus": ["cpu0"]}]}
     run = JobRun(service, "g", job, tmp_path)  # type: ignore[arg-type]
