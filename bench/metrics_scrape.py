@@ -25,9 +25,7 @@ Prints one table and writes ``bench/results/metrics_scrape.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import shutil
 import socket
@@ -45,14 +43,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 from bench.child import log  # noqa: E402
-from bench.table import (  # noqa: E402
-    distribution,
-    git_state,
-    loadavg,
-    machine_info,
-    print_table,
-    verdict,
-)
+from bench.table import distribution, loadavg, publish, verdict  # noqa: E402
 
 BAR_MS = 50.0
 PROMETHEUS_SETTLE = 5.0
@@ -225,23 +216,9 @@ def main() -> int:
     rows.append(["score requests during the scrapes", f"{result['scored']} "
                  f"({'flat out' if not args.rate else f'{args.rate:.0f}/s'})", "", ""])
     title = f"Metrics scrape of a large agent{': QUICK sizes' if q else ''}"
-    print(f"\n{title} ({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
-    print_table(HEAD, rows)
-    wall = time.perf_counter() - started
-    print(f"\nwall time {wall:.0f} s")
-    report = {"benchmark": "metrics_scrape", "quick": q, "argv": sys.argv,
-              "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
-              "loadavg_end": loadavg(), "git": git_state(), "wall_s": wall,
-              "setup": {"models": args.models, "gpus": args.gpus, "scrapes": args.scrapes,
-                        "rate": args.rate,
-                        "bar_ms": BAR_MS},
-              "table": [dict(zip(HEAD, r, strict=True)) for r in rows], "results": result}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    args.out.with_suffix(".md").write_text(f"# {title}\n\n" + "\n".join(
-        ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-        + ["| " + " | ".join(r) + " |" for r in rows]) + "\n")
-    print(f"wrote {args.out.relative_to(ROOT)}")
+    publish(args.out, "metrics_scrape", title, HEAD, rows, started, q,
+            {"models": args.models, "gpus": args.gpus, "scrapes": args.scrapes,
+             "rate": args.rate, "bar_ms": BAR_MS}, result)
     shutil.rmtree(work, ignore_errors=True)
     return 0 if all(r[3] != "FAIL" for r in rows) else 1
 

@@ -120,3 +120,26 @@ def git_state() -> dict[str, Any]:
 
     dirty = [line[3:] for line in run("status", "--porcelain").splitlines() if line.strip()]
     return {"commit": run("rev-parse", "HEAD").strip(), "dirty_files": dirty}
+
+
+def publish(out: Path, benchmark: str, title: str, head: Sequence[str],
+            rows: Sequence[Sequence[str]], started: float, quick: bool,
+            setup: dict[str, Any], results: dict[str, Any], footer: str = "") -> None:
+    """Print the table (with the machine and the wall time since ``started``, a
+    ``perf_counter``) and write ``out`` (JSON: the run, its setup and results) and its ``.md``
+    (the table)."""
+    import json
+    import sys
+
+    print(f"\n{title} ({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
+    print_table(head, rows)
+    wall = time.perf_counter() - started
+    print(f"\nwall time {wall:.0f} s{'; ' + footer if footer else ''}")
+    report = {"benchmark": benchmark, "quick": quick, "argv": sys.argv,
+              "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
+              "loadavg_end": loadavg(), "git": git_state(), "wall_s": wall, "setup": setup,
+              "table": [dict(zip(head, r, strict=True)) for r in rows], "results": results}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    out.with_suffix(".md").write_text(f"# {title}\n\n{format_table(head, rows)}\n")
+    print(f"wrote {out}")

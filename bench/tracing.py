@@ -27,9 +27,7 @@ Prints one table and writes ``bench/results/tracing.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -44,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.child import log  # noqa: E402
 from bench.router_overhead import MODEL, AioClients, Child  # noqa: E402
-from bench.table import git_state, loadavg, machine_info, print_table, verdict  # noqa: E402
+from bench.table import loadavg, publish, verdict  # noqa: E402
 from tests.otlp_receiver import Receiver  # noqa: E402
 
 BAR = 0.05
@@ -194,24 +192,10 @@ def main() -> int:
          f"{routed} / {total} ({routed / total:.1%})", f"~{args.ratio:.0%}", ""],
     ]
     title = f"Tracing overhead in the router{': QUICK sizes' if q else ''}"
-    print(f"\n{title} ({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
-    print_table(HEAD, rows)
-    wall = time.perf_counter() - started
-    print(f"\nwall time {wall:.0f} s; {spans} spans received")
-    report = {"benchmark": "tracing", "quick": q, "argv": sys.argv,
-              "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
-              "loadavg_end": loadavg(), "git": git_state(), "wall_s": wall,
-              "setup": {"rounds": args.rounds, "calls": args.calls, "ratio": args.ratio,
-                        "concurrency": CONCURRENCY, "bar": BAR},
-              "table": [dict(zip(HEAD, r, strict=True)) for r in rows], "results": result,
-              "spans_received": spans}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    md = args.out.with_suffix(".md")
-    md.write_text(f"# {title}\n\n" + "\n".join(
-        ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-        + ["| " + " | ".join(r) + " |" for r in rows]) + "\n")
-    print(f"wrote {args.out.relative_to(ROOT)}")
+    publish(args.out, "tracing", title, HEAD, rows, started, q,
+            {"rounds": args.rounds, "calls": args.calls, "ratio": args.ratio,
+             "concurrency": CONCURRENCY, "bar": BAR},
+            {**result, "spans_received": spans}, f"{spans} spans received")
     return 0 if result["direct"] <= BAR and result["overhead"] <= BAR else 1
 
 
