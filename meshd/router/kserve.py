@@ -173,32 +173,37 @@ class KServeRouter:
         shed, invalid or cancelled (so ``requests`` less those is what is in flight)."""
         c = self.counters
         c.requests += 1
-        tracer = self.tracer
         try:
-            if tracer is None:
-                return await self._model_infer(raw, context, None)
-            rt = tracer.start("router ModelInfer", context.invocation_metadata() or ())
-            if rt is None:  # not sampled: no spans, the client's context passes as it is
-                return await self._model_infer(raw, context, None)
-            try:
-                reply = await self._model_infer(raw, context, rt)
-            except grpc.aio.AbortError:
-                code = _code(context)
-                rt.finish(code.name, {"rpc.grpc.status_code": code.value[0]})
-                raise
-            except asyncio.CancelledError:
-                rt.finish("CANCELLED")
-                raise
-            rt.finish()
-            return reply
+            return await self._traced(raw, context)
         except asyncio.CancelledError:
             c.cancelled += 1
             raise
 
+    async def _traced(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """The request, as a trace when tracing is on and the sampler keeps it (its context
+        read from the client's trace headers, which ``_caller`` has already picked out)."""
+        caller = await self._caller(context, counted=True)
+        tracer = self.tracer
+        rt = tracer.start("router ModelInfer", caller[2]) if tracer is not None else None
+        if rt is None:  # off, or not sampled: the client's context passes on as it is
+            return await self._model_infer(raw, context, caller, None)
+        try:
+            reply = await self._model_infer(raw, context, caller, rt)
+        except grpc.aio.AbortError:
+            code = _code(context)
+            rt.finish(code.name, {"rpc.grpc.status_code": code.value[0]})
+            raise
+        except asyncio.CancelledError:
+            rt.finish("CANCELLED")
+            raise
+        rt.finish()
+        return reply
+
     async def _model_infer(self, raw: bytes, context: grpc.aio.ServicerContext,
+                           caller: tuple[str, str, list[Any]],
                            rt: RequestTrace | None) -> bytes:
         c = self.counters
-        tenant, slo, passed = await self._caller(context, counted=True)
+        tenant, slo, passed = caller
         try:
             req = service_pb2.ModelInferRequest.FromString(raw)
         except DecodeError:
