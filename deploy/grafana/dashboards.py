@@ -95,7 +95,8 @@ MESH = dashboard("meshd-mesh", "meshd / mesh health", [
           (f"min by (node) (meshd_security_certificate_expiry_timestamp_seconds{{{NODE}}})"
            " - time()", "{{node}}")),
     panel("Refused connections and calls", "ops",
-          (rate("meshd_security_refusals_total", "channel, reason"), "{{channel}} {{reason}}")),
+          (rate("meshd_security_refusals_total", "channel, reason"), "{{channel}} {{reason}}"),
+          (f"{rate('meshd_security_refusals_total')} or vector(0)", "all (0: none refused)")),
     panel("Signal staleness (oldest runtime figure held)", "s",
           (f"max by (target) (meshd_signal_staleness_seconds{{{NODE}}})", "{{target}}")),
 ], [NODE_VAR])
