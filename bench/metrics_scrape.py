@@ -16,8 +16,10 @@ client goes, which saturates this 2-core machine), so the scorer's per-model and
 series are all there and changing.  Then ``--scrapes`` sequential ``GET /metrics`` from this
 process (a new connection each, as Prometheus's default), timed from request to the last
 byte; and, when Prometheus is installed, a real Prometheus scraping the agent every second for
-``--prometheus-seconds``, whose own ``scrape_duration_seconds`` is reported beside (after its
-first 5 s: Prometheus starts on the same 2 cores).
+``--prometheus-seconds``, whose own ``scrape_duration_seconds`` is reported beside: not its
+first 5 s (Prometheus starts on the same 2 cores) nor its first scrape of the agent (a new
+target: the connection and 6,000 new series in its head; it took 59-88 ms where the next ones
+took 20-30).
 
 Prints one table and writes ``bench/results/metrics_scrape.{json,md}``.
 """
@@ -210,7 +212,7 @@ def main() -> int:
         rows.append(["scrape_duration_seconds in Prometheus (scrapes: median / p90 / max)",
                      f"{p['n']}: {p['median_ms']:.1f} / {p['p90_ms']:.1f} / "
                      f"{p['max_ms']:.1f} ms",
-                     f"p90 <= {BAR_MS:.0f} ms", verdict(p["p90_ms"] <= BAR_MS)])
+                     f"<= {BAR_MS:.0f} ms", verdict(p["max_ms"] <= BAR_MS)])
     else:
         rows.append(["scrape_duration_seconds in Prometheus", "not installed", "", ""])
     rows.append(["score requests during the scrapes", f"{result['scored']} "
@@ -236,8 +238,9 @@ def prometheus_view(work: Path, target: str, seconds: float) -> dict[str, Any] |
     try:
         time.sleep(seconds + PROMETHEUS_SETTLE)
         values = prom.api("query", query=f"scrape_duration_seconds[{int(seconds) + 30}s]")
-        points = sorted(float(v) * 1000 for series in values["result"]
-                        for at, v in series["values"] if float(at) >= settled)
+        timed = sorted((float(at), float(v) * 1000) for series in values["result"]
+                       for at, v in series["values"] if float(at) >= settled)
+        points = sorted(ms for _, ms in timed[1:])  # its first: a new target (see above)
     finally:
         prom.stop()
     return {"n": len(points), "median_ms": points[len(points) // 2],
