@@ -159,7 +159,31 @@ def test_a_request_is_one_trace_from_client_to_triton_and_a_job_is_traced(
             got = c.infer("add_sub", add_sub_inputs(a, a, tc), headers=headers)
             np.testing.assert_array_equal(got.as_numpy("OUTPUT0"), a + a)
         roots.append(root.get_span_context())
+    # A stream: one span for it, its score decision and the Triton stream.
+    got_stream: list[Any] = []
+    with tracer.start_as_current_span("client stream", kind=trace.SpanKind.CLIENT) as root:
+        headers = {}
+        tracing.PROPAGATOR.inject(headers)
+        client.start_stream(callback=lambda result, error: got_stream.append(error or result),
+                            headers=headers)
+        client.async_stream_infer("add_sub", add_sub_inputs(a, a, tc))
+        receiver.wait(lambda: got_stream, 10, "the stream's answer")
+        client.stop_stream()
+    assert not isinstance(got_stream[0], Exception), got_stream[0]
+    stream_ctx = root.get_span_context()
     client_provider.shutdown()
+
+    def stream_trace() -> list[ReceivedSpan] | None:
+        spans = [s for s in receiver.spans if s.trace_id == format(stream_ctx.trace_id, "032x")]
+        names = {s.name for s in spans}
+        ok = {"router ModelStreamInfer", "score", "triton ModelStreamInfer"} <= names
+        return spans if ok else None
+
+    streamed = by_id(receiver.wait(stream_trace, 20, "the stream's trace"))
+    (srv,) = [s for s in streamed.values() if s.name == "router ModelStreamInfer"]
+    assert srv.parent_id == format(stream_ctx.span_id, "016x") and srv.status != 2
+    assert {s.name for s in streamed.values() if s.parent_id == srv.span_id} == {
+        "score", "triton ModelStreamInfer"}
     for ctx in roots:
         trace_id = format(ctx.trace_id, "032x")
 

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
+from opentelemetry.trace import SpanKind
 from tritonclient.grpc import service_pb2
 
 from meshd import __version__
@@ -313,9 +314,30 @@ class KServeRouter:
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """One replica per stream, chosen by the first message's model."""
+        """One replica per stream, chosen by the first message's model; traced (when sampled)
+        as the stream's span, its score decision, and the Triton stream."""
         self.counters.streams += 1
-        tenant, slo, passed = await self._caller(context)
+        caller = await self._caller(context)
+        tracer = self.tracer
+        rt = tracer.start("router ModelStreamInfer", caller[2]) if tracer is not None else None
+        error = ""
+        try:
+            async for reply in self._stream(requests, context, caller, rt):
+                yield reply
+        except grpc.aio.AbortError:
+            error = _code(context).name
+            raise
+        except asyncio.CancelledError:
+            error = "CANCELLED"
+            raise
+        finally:
+            if rt is not None:
+                rt.finish(error)
+
+    async def _stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
+                      caller: tuple[str, str, list[Any]],
+                      rt: RequestTrace | None) -> AsyncIterator[bytes]:
+        tenant, slo, passed = caller
         first = await anext(aiter(requests), None)
         if first is None:
             return
@@ -324,14 +346,25 @@ class KServeRouter:
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "first message is not a ModelInferRequest")
+        score_span = None if rt is None else rt.child("score", attributes={
+            "meshd.model": req.model_name})
         scored = await self._score(context, ScoreRequest(
             req.model_name, req.model_version, len(first), tenant, slo, idempotent=False))
         v = scored.verdict
+        if score_span is not None:
+            score_span.attributes.update({"meshd.strategy": scored.strategy,
+                                          "meshd.targets": len(scored.targets)})
+            if not v.admit:
+                score_span.attributes["meshd.shed"] = v.reason
+            score_span.end()
         if not v.admit:
             code = (grpc.StatusCode.UNAVAILABLE if v.reason == "no_targets"
                     else grpc.StatusCode.RESOURCE_EXHAUSTED)
             await context.abort(code, f"shed: {v.reason}; retry after {v.retry_after:.3f} s")
         target = scored.targets[0]
+        span = None if rt is None else rt.child("triton ModelStreamInfer", SpanKind.CLIENT, {
+            "server.address": target.endpoint, "meshd.target": target.node})
+        metadata = passed if rt is None or span is None else rt.metadata(span, passed)
         started = time.monotonic()
 
         async def upstream_requests() -> AsyncIterator[bytes]:
@@ -340,7 +373,7 @@ class KServeRouter:
                 yield msg
 
         call = self.upstreams.stream(target.endpoint)(upstream_requests(),
-                                                      metadata=passed or None)
+                                                      metadata=metadata or None)
         status = Status.OK
         try:
             async for reply in call:
@@ -356,6 +389,8 @@ class KServeRouter:
         finally:
             self.scoring.report(scored.decision_id, target.replica,
                                 time.monotonic() - started, status, last=True)
+            if span is not None:
+                span.end("" if status == Status.OK else status.name)
 
     # --- relayed metadata ---------------------------------------------------------------------
 
