@@ -30,7 +30,6 @@ import argparse
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.child import log  # noqa: E402
 from bench.table import distribution, loadavg, publish, verdict  # noqa: E402
+from meshd.devtriton import pick_ports  # noqa: E402
 
 BAR_MS = 50.0
 PROMETHEUS_SETTLE = 5.0
@@ -53,15 +53,10 @@ PROMETHEUS_SETTLE = 5.0
 HEAD = ("measurement", "value", "bar", "result")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_agent(work: Path, gpus: int) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    ports = {k: f"127.0.0.1:{free_port()}" for k in ("bind", "admin", "score", "metrics",
-                                                      "router")}
+    names = ("bind", "admin", "score", "metrics", "router")
+    ports = {k: f"127.0.0.1:{p}" for k, p in zip(names, pick_ports("127.0.0.1", len(names)),
+                                                 strict=True)}
     cmd = [sys.executable, "-m", "tests.fake_gpu_agent", "--node", "bench", "--dev",
            "--role", "router", "--data-dir", str(work / "data"), "--log-level", "warning",
            *(x for k, v in ports.items() for x in (f"--{k}", v))]

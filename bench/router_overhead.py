@@ -418,8 +418,8 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
     from meshd import tracing
     from meshd.router.traces import request_tracer
 
-    provider = tracing.setup("meshd-bench", "router")
-    router.tracer = request_tracer(provider)
+    traces = tracing.setup("meshd-bench", "router")
+    router.tracer = request_tracer(traces)
     TRACED.update(router=router, tracer=router.tracer)
     if router.tracer is not None:
         _account_tracing()
@@ -434,8 +434,8 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
     async def close() -> None:
         feeder.cancel()
         await router.close()
-        if provider is not None:
-            provider.shutdown()
+        if traces is not None:
+            traces.shutdown()
 
     return server, addr, counters, close, Breakdown(router, scorer)
 

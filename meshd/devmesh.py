@@ -150,10 +150,9 @@ def start_prometheus(nodes: int, per_ip: bool, tritons: list[devtriton.TritonSer
               flush=True)
         return None
     targets = [node_addrs(i, per_ip)[2] for i in range(1, nodes + 1)]
-    port = 9090 if devprometheus.port_free(9090) else 0
+    port = 9090 if devtriton.port_free("127.0.0.1", 9090) else 0
     prom = devprometheus.PrometheusServer(
-        work, targets, port=port,
-        extra={"triton": [s.metrics_url.split("//")[1].split("/")[0] for s in tritons]})
+        work, targets, port=port, extra={"triton": [f"{s.host}:{s.metrics_port}" for s in tritons]})
     try:
         prom.start()
     except devprometheus.PrometheusError as exc:

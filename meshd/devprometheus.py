@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from meshd.devtriton import pick_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus"
@@ -33,21 +34,6 @@ class PrometheusError(RuntimeError):
 def binary() -> str | None:
     """The ``prometheus`` executable, or None when it is not installed."""
     return shutil.which("prometheus")
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def config(targets: list[str], *, interval: float, rules: list[Path],
@@ -75,7 +61,7 @@ class PrometheusServer:
                                   "prometheus)")
         self.exe = exe
         self.work = work
-        self.port = port or free_port()
+        self.port = port or pick_ports("127.0.0.1", 1)[0]
         self.url = f"http://127.0.0.1:{self.port}"
         self.rules = sorted(RULES.glob("*.yml")) if rules is None else rules
         self.config = config(targets, interval=interval, rules=self.rules, extra=extra)

@@ -274,7 +274,7 @@ _TAKEN_PORTS: set[int] = set()
 _PORT_LOCK = threading.Lock()
 
 
-def _port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -295,7 +295,7 @@ def pick_ports(host: str, count: int) -> list[int]:
         ports: list[int] = []
         for _ in range(2000):
             port = random.randrange(*_PORT_RANGE)
-            if port in _TAKEN_PORTS or port in ports or not _port_free(host, port):
+            if port in _TAKEN_PORTS or port in ports or not port_free(host, port):
                 continue
             ports.append(port)
             if len(ports) == count:

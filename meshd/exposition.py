@@ -25,7 +25,6 @@ from prometheus_client.utils import floatToGoString
 from meshd.metric_schema import Family, HistogramFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_SPECIAL = ("\\", "\n", '"')
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 _TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram",
           "unknown": "untyped"}
@@ -46,33 +45,20 @@ MAX_HEADS = 100_000
 _heads: dict[tuple[str, tuple[str, ...], tuple[Any, ...]], str] = {}
 
 
-def _head(name: str, labels: dict[str, str]) -> str:
-    """``name{k="v",...}`` with the labels sorted by name, as generate_latest writes them:
-    the same series on every scrape, so rendered once and looked up after."""
-    key = (name, tuple(labels), tuple(labels.values()))
-    head = _heads.get(key)
-    if head is None:
-        body = ",".join([f'{k}="{_escape(labels[k])}"' for k in sorted(labels)])
-        head = f"{name}{{{body}}}"
-        if len(_heads) >= MAX_HEADS:
-            _heads.clear()
-        _heads[key] = head
-    return head
-
-
 def _lines(samples: Iterable[Any], out: list[str]) -> None:
     for s in samples:
-        head = _head(s.name, s.labels) if s.labels else s.name
+        labels = s.labels
+        head = _head(s.name, tuple(labels), tuple(labels.values())) if labels else s.name
         if s.timestamp is not None:
             out.append(f"{head} {floatToGoString(s.value)} {int(float(s.timestamp) * 1000):d}\n")
         else:
             out.append(f"{head} {floatToGoString(s.value)}\n")
 
 
-def _row_head(name: str, labels: tuple[str, ...], values: tuple[str, ...],
-              le: str = "") -> str:
-    """``_head`` for a row of a table family (its label names fixed by the family), with a
-    histogram bucket's ``le``."""
+def _head(name: str, labels: tuple[str, ...], values: tuple[str, ...], le: str = "") -> str:
+    """``name{k="v",...}`` with the labels (and a histogram bucket's ``le``) sorted by name,
+    as generate_latest writes them: the same series on every scrape, so rendered once and
+    looked up after."""
     key = (name, labels, (*values, le) if le else values)
     head = _heads.get(key)
     if head is None:
@@ -89,21 +75,19 @@ def _family(metric: Family, out: list[str]) -> None:
     name, labels = metric.sample_name, metric.labels
     out.append(f"# HELP {name} {_help(metric.documentation)}\n# TYPE {name} {metric.type}\n")
     for values, value in metric.rows:
-        out.append(f"{_row_head(name, labels, values)} {floatToGoString(value)}\n")
+        out.append(f"{_head(name, labels, values)} {floatToGoString(value)}\n")
 
 
 def _histogram(metric: HistogramFamily, out: list[str]) -> None:
-    name, labels, le = metric.name, metric.labels, metric.le()
+    name, labels = metric.name, metric.labels
     out.append(f"# HELP {name} {_help(metric.documentation)}\n# TYPE {name} histogram\n")
     bucket, count, sums = name + "_bucket", name + "_count", name + "_sum"
     for values, counts, total in metric.rows:
-        running = 0
-        for bound, n in zip(le, counts, strict=True):
-            running += n
-            out.append(f"{_row_head(bucket, labels, values, bound)} "
-                       f"{floatToGoString(running)}\n")
-        out.append(f"{_row_head(count, labels, values)} {floatToGoString(running)}\n")
-        out.append(f"{_row_head(sums, labels, values)} {floatToGoString(total)}\n")
+        cumulative = metric.cumulative(counts)
+        for le, n in cumulative:
+            out.append(f"{_head(bucket, labels, values, le)} {floatToGoString(n)}\n")
+        out.append(f"{_head(count, labels, values)} {floatToGoString(cumulative[-1][1])}\n")
+        out.append(f"{_head(sums, labels, values)} {floatToGoString(total)}\n")
 
 
 def render(registry: Collector) -> bytes:

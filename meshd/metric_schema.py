@@ -356,27 +356,26 @@ class HistogramFamily(Metric):
     """A histogram family of the table from counts kept elsewhere: rows of label values,
     per-bucket counts (the last above every bound) and the sum."""
 
-    def __init__(self, spec: Spec, bounds: tuple[float, ...]) -> None:
+    def __init__(self, spec: Spec) -> None:
         self.name = spec.name
         self.documentation = spec.help
         self.type = "histogram"
         self.unit = ""
         self.labels = spec.labels
-        self.bounds = bounds
+        self.le = [floatToGoString(b) for b in spec.buckets] + ["+Inf"]
+        """The buckets' ``le`` labels, the last above every bound."""
         self.rows: list[tuple[tuple[str, ...], list[int], float]] = []
 
     def add(self, labels: Sequence[str], counts: Sequence[int], total: float) -> None:
         self.rows.append((tuple(labels), list(counts), total))
 
     def cumulative(self, counts: list[int]) -> list[tuple[str, int]]:
+        """(``le``, count at or under it) of one row's per-bucket counts."""
         out, running = [], 0
-        for le, n in zip(self.le(), counts, strict=True):
+        for le, n in zip(self.le, counts, strict=True):
             running += n
             out.append((le, running))
         return out
-
-    def le(self) -> list[str]:
-        return [floatToGoString(b) for b in self.bounds] + ["+Inf"]
 
     @property
     def samples(self) -> list[Sample]:
@@ -402,12 +401,12 @@ def family(name: str) -> Family:
     return Family(spec)
 
 
-def histogram_family(name: str, bounds: tuple[float, ...] | None = None) -> HistogramFamily:
-    """An empty histogram family (for counts kept elsewhere, read at scrape time), with the
-    table's buckets unless ``bounds`` says otherwise."""
+def histogram_family(name: str) -> HistogramFamily:
+    """An empty histogram family (for counts kept elsewhere, read at scrape time, in the
+    table's buckets)."""
     spec = METRICS[name]
     assert spec.kind == "histogram", name
-    return HistogramFamily(spec, spec.buckets if bounds is None else bounds)
+    return HistogramFamily(spec)
 
 
 def counter(name: str, registry: CollectorRegistry) -> Counter:

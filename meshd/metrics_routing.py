@@ -15,23 +15,15 @@ from prometheus_client.registry import Collector
 from meshd.metric_schema import HistogramFamily, family, histogram_family
 from meshd.metrics import by, one
 from meshd.router.counters import RouterCounters
-from meshd.score.scorer import REQUEST_BUCKETS, STRATEGY_BUCKETS, Scorer, Timing
-from meshd.score.shadow import DIFF_BUCKETS
+from meshd.score.scorer import Scorer, Timing
 
 
-def _histogram(name: str, bounds: tuple[float, ...],
-               series: list[tuple[list[str], list[int], float]]) -> HistogramFamily:
-    """``series``: (label values, per-bucket counts (last = above every bound), sum)."""
-    h = histogram_family(name, bounds)
-    for values, counts, total in series:
-        h.add(values, counts, total)
+def _timings(name: str, timings: dict[tuple[str, ...], Timing]) -> HistogramFamily:
+    """``timings`` (label values -> counts kept in the table's buckets) as ``name``."""
+    h = histogram_family(name)
+    for key, t in sorted(timings.items()):
+        h.add(key, t.buckets, t.total)
     return h
-
-
-def _timings(name: str, bounds: tuple[float, ...],
-             timings: dict[tuple[str, ...], Timing]) -> HistogramFamily:
-    return _histogram(name, bounds, [(list(key), list(t.buckets), t.total)
-                                     for key, t in sorted(timings.items())])
 
 
 class RoutingCollector(Collector):
@@ -63,24 +55,24 @@ class RoutingCollector(Collector):
         yield one("meshd_score_unknown_outcomes", node, c.unknown_outcomes)
         yield one("meshd_score_expired_decisions", node, self.scorer.decisions.expired)
         yield one("meshd_score_open_decisions", node, len(self.scorer.decisions))
-        yield _timings("meshd_score_decision_seconds", STRATEGY_BUCKETS,
+        yield _timings("meshd_score_decision_seconds",
                        {(node, name): t for name, t in dict.copy(c.timing).items()})
-        yield _timings("meshd_score_request_seconds", REQUEST_BUCKETS,
+        yield _timings("meshd_score_request_seconds",
                        {(node, model): t for model, t in dict.copy(c.requests).items()})
-        yield _timings("meshd_score_attempt_seconds", REQUEST_BUCKETS,
+        yield _timings("meshd_score_attempt_seconds",
                        {(node, *key): t for key, t in dict.copy(c.attempts).items()})
         shadow = dict.copy(c.shadow)
         compared = family("meshd_score_shadow_compared_decisions")
         differed = family("meshd_score_shadow_differed_decisions")
-        series = []
+        difference = histogram_family("meshd_score_shadow_difference_seconds")
         for (model, cand), s in sorted(shadow.items()):
             values = [node, model, s.active, cand]
             compared.add_metric(values, s.compared)
             differed.add_metric(values, s.differed)
-            series.append((values, list(s.buckets), s.diff_sum))
+            difference.add(values, s.buckets, s.diff_sum)
         yield compared
         yield differed
-        yield _histogram("meshd_score_shadow_difference_seconds", DIFF_BUCKETS, series)
+        yield difference
         limit = family("meshd_score_target_concurrency_limit_requests")
         inflight = family("meshd_score_target_inflight_requests")
         by_key = self.scorer.table.by_key

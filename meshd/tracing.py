@@ -127,9 +127,7 @@ def inject(span: Span, metadata: Sequence[tuple[str, str]]) -> list[tuple[str, s
 
 def environment(span: Span) -> dict[str, str]:
     """``TRACEPARENT``/``TRACESTATE`` for a child process whose work continues ``span``."""
-    carrier: dict[str, str] = {}
-    PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-    return {k.upper(): v for k, v in carrier.items()}
+    return {k.upper(): v for k, v in inject(span, ())}
 
 
 def ids() -> dict[str, str]:

@@ -127,8 +127,7 @@ def loaded(meshes: Callable[..., Mesh], triton_factory: Any,  # noqa: F811
     wait_ready(mesh, voters=3)
     prom = PrometheusServer(tmp_path / "prometheus",
                             [f"{n.ip}:{n.metrics_port}" for n in c.nodes], interval=SCRAPE,
-                            extra={"triton": [u.split("//")[1].split("/")[0]
-                                              for u in (a.metrics_url, b.metrics_url)]})
+                            extra={"triton": [f"{s.host}:{s.metrics_port}" for s in (a, b)]})
     prom.start()
     try:
         yield mesh, prom

@@ -99,8 +99,8 @@ async def run(args: argparse.Namespace) -> int:
         identity=lambda: files.identity if files is not None else None,
         tokens_file=args.tokens, node=args.node, reuse_port=True,
         verifier=files.verifier if files is not None else None)
-    provider = tracing.setup("meshd", args.node)
-    router.tracer = request_tracer(provider)
+    traces = tracing.setup("meshd", args.node)
+    router.tracer = request_tracer(traces)
     life = f"{args.node}/{os.getpid()}/{int(loop.time() * 1000)}"
     log.info("router worker started", extra={"event": "router_worker_started",
                                               "router": where, "worker": life})
@@ -134,8 +134,8 @@ async def run(args: argparse.Namespace) -> int:
         except ScoringUnavailable:
             pass
         await router.close()
-        if provider is not None:
-            await loop.run_in_executor(None, provider.shutdown)
+        if traces is not None:
+            await loop.run_in_executor(None, traces.shutdown)
     log.info("router worker stopped", extra={"event": "router_worker_stopped"})
     return 0
 

@@ -198,6 +198,17 @@ def _capacity(targets: list[Target], share: float, inflight: int, min_limit: flo
     return share * total * MODEL_HEADROOM
 
 
+def _observe(timings: dict[Any, Timing], key: Any, seconds: float) -> None:
+    """``seconds`` into ``timings[key]``; a new key only while there are fewer than
+    ``MAX_LATENCY_SERIES`` (a bound on the labels they become)."""
+    timing = timings.get(key)
+    if timing is None:
+        if len(timings) >= MAX_LATENCY_SERIES:
+            return
+        timing = timings[key] = Timing(REQUEST_BUCKETS)
+    timing.observe(seconds)
+
+
 def _choice(t: Target) -> Choice:
     return Choice(t.node, t.endpoint, t.key, t.version, t.zone, t.p_seconds, t.rtt,
                   t.p_queue, t.p_service)
@@ -572,25 +583,14 @@ class Scorer:
             self.decisions.close(d.id)
             self._release(d)
             if ok:
-                timing = counters.requests.get(d.model)
-                if timing is None and len(counters.requests) < MAX_LATENCY_SERIES:
-                    timing = counters.requests[d.model] = Timing(REQUEST_BUCKETS)
-                if timing is not None:
-                    timing.observe(now - d.started)
+                _observe(counters.requests, d.model, now - d.started)
         return True
 
     def _time_attempt(self, d: Decision | None, replica: str, latency: float) -> None:
         target = self.table.by_key.get(replica)
-        if target is None:
-            return
-        key = (d.model if d is not None else target.model, target.node)
-        attempts = self.counters.attempts
-        timing = attempts.get(key)
-        if timing is None:
-            if len(attempts) >= MAX_LATENCY_SERIES:
-                return
-            timing = attempts[key] = Timing(REQUEST_BUCKETS)
-        timing.observe(latency)
+        if target is not None:
+            key = (d.model if d is not None else target.model, target.node)
+            _observe(self.counters.attempts, key, latency)
 
     def _release(self, d: Decision) -> None:
         """Give back the slots a decision still holds."""
