@@ -38,8 +38,9 @@ class Config:
     against a single congested path falsely accusing a node."""
 
     retransmit_mult: int = 4
-    """A broadcast is sent ``retransmit_mult * ceil(log10(N+1))`` times, which delivers it to
-    everyone with high probability in O(log N) rounds."""
+    """A broadcast is sent ``retransmit_mult * max(2, ceil(log10(N+1)))`` times, which delivers
+    it to everyone with high probability in O(log N) rounds (memberlist has no floor of 2; see
+    ``broadcast.retransmit_limit``)."""
 
     suspicion_mult: int = 4
     """Minimum suspicion timeout is ``suspicion_mult * max(1, log10(N)) * probe_interval``.

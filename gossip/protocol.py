@@ -453,8 +453,11 @@ class Swim:
         seq = self._next_seq()
         msgs = [codec.ping(seq, target.name, self.name)]
         if target.status == Status.SUSPECT:
-            # Buddy system: tell the suspect directly so it can refute at once.
-            msgs.append(codec.suspect(target.incarnation, target.name, self.name))
+            # Buddy system: tell the suspect directly so it can refute at once.  The suspicion
+            # goes first: the target reads it, refutes, and only then answers the ping, so its
+            # ack carries the refutation straight back to us (memberlist puts the ping first,
+            # and the ack leaves before the refutation exists).
+            msgs.insert(0, codec.suspect(target.incarnation, target.name, self.name))
         self._send(target.addr, msgs)
         self.stats.probes_sent += 1
         self._t.pending[seq] = _Probe(
@@ -631,11 +634,16 @@ class Swim:
         if m is None or inc < m.incarnation:
             return
         susp = self._suspicions.get(name)
-        if susp is not None:
+        if susp is not None and inc == m.incarnation:
             if susp.confirm(from_node, now):
                 self._broadcasts.queue("m:" + name, codec.suspect(inc, name, from_node))
             return
-        if m.status != Status.ALIVE:
+        # A suspicion at a higher incarnation than ours means the member refuted ours (we
+        # missed its alive) and is suspected afresh.  memberlist counts it as a confirmation
+        # of the old suspicion, which then expires on the old timer: a member that keeps
+        # refuting could be declared dead by whoever missed one refutation.  A new
+        # incarnation gets a new timer instead.
+        if m.status not in (Status.ALIVE, Status.SUSPECT):
             return
         if name == self.name:
             if not self._leaving:

@@ -6,13 +6,14 @@ from gossip.broadcast import BroadcastQueue, retransmit_limit
 
 
 @pytest.mark.parametrize(("mult", "n", "expected"), [
-    # memberlist util_test.go TestRetransmitLimit (mult 3).
-    (3, 0, 0), (3, 1, 3), (3, 99, 6),
-    # LAN default (mult 4): 4 * ceil(log10(N + 1)).
-    (4, 0, 0), (4, 1, 4), (4, 9, 4), (4, 10, 8), (4, 99, 8), (4, 100, 12), (4, 999, 12),
-    (4, 1000, 16), (4, 9999, 16), (4, 10_000, 20),
+    # memberlist util_test.go TestRetransmitLimit (mult 3), except that below 10 members the
+    # node scale is 2, not 1 (memberlist: (3, 1) -> 3).
+    (3, 0, 0), (3, 1, 6), (3, 99, 6),
+    # LAN default (mult 4): 4 * max(2, ceil(log10(N + 1))).
+    (4, 0, 0), (4, 1, 8), (4, 8, 8), (4, 9, 8), (4, 10, 8), (4, 99, 8), (4, 100, 12),
+    (4, 999, 12), (4, 1000, 16), (4, 9999, 16), (4, 10_000, 20),
     # local profile (mult 2).
-    (2, 5, 2), (2, 50, 4),
+    (2, 5, 4), (2, 50, 4),
 ])
 def test_retransmit_limit(mult: int, n: int, expected: int) -> None:
     assert retransmit_limit(mult, n) == expected

@@ -380,6 +380,20 @@ def test_alive_with_higher_incarnation_clears_suspicion() -> None:
     _failed_between(a, "d", 73.99, 74.0)
 
 
+def test_suspicion_at_a_newer_incarnation_restarts_the_timer() -> None:
+    # We suspect d at 0 and miss its refutation (alive 1); d is then suspected again at 1.
+    # That is a new suspicion with its own timer, not a confirmation of ours: counted as one,
+    # our old timer (4 s after two confirmations) would declare d dead while d keeps refuting.
+    a = _four()
+    feed(a, codec.suspect(0, "d", "b"), now=10.0)
+    feed(a, codec.suspect(0, "d", "c"), now=10.5)
+    ev = feed(a, codec.suspect(1, "d", "c"), now=12.0)
+    assert kinds(ev) == [EventKind.SUSPECT] and a.member("d").incarnation == 1
+    feed(a, codec.suspect(1, "d", "b"), now=12.5)
+    # 12 s + (24 - log(2)/log(3) * 20) = 23.381 s, not 14 s (the old timer's minimum).
+    _failed_between(a, "d", 23.38, 23.382)
+
+
 # --- leave ----------------------------------------------------------------------------------
 
 
@@ -600,6 +614,25 @@ def test_suspected_member_refutes_through_the_buddy_ping() -> None:
     net.run_until(net.now + 5.0, stop=lambda: status(a, "c") == Status.ALIVE)
     assert status(a, "c") == Status.ALIVE
     assert c.stats.refutations == 1 and c.incarnation == 1
+
+
+def test_buddy_ping_puts_the_suspicion_first_so_the_ack_carries_the_refutation() -> None:
+    a, c = make("a"), make("c")
+    learn(a, "c")
+    learn(c, "a")
+    feed(a, codec.suspect(0, "c", "b"), now=1.0)
+    sent_messages(a)
+    now = a.next_timer()
+    a.tick(now)
+    probe = [data for data, addr in a.datagrams_to_send() if addr == ADDR["c"]]
+    assert len(probe) == 1
+    kinds_sent = [m[0] for m in codec.decode_packet(probe[0], None)]
+    assert kinds_sent[:2] == [codec.SUSPECT, codec.PING], kinds_sent
+    sent_messages(c)
+    c.receive(probe[0], ADDR["a"], now)
+    reply = [msg for addr, msg in sent_messages(c) if addr == ADDR["a"]]
+    assert [m[0] for m in reply][:2] == [codec.ACK, codec.ALIVE], reply
+    assert reply[1][1] == 1 and reply[1][2] == "c"  # c's refutation, incarnation 1
 
 
 # --- push-pull ------------------------------------------------------------------------------
