@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 def retransmit_limit(retransmit_mult: int, n_members: int) -> int:
     """How many times one broadcast is sent in a cluster of ``n_members``.
 
-    memberlist's ``mult * ceil(log10(N + 1))``, with the node scale at least 2: below 9
-    members its scale is 1, and at the LAN's 4 sends each member misses a broadcast with a
-    few percent probability.  A member that misses a refutation declares a live node dead
-    (an 8-node mesh with one node stopped 1.5 s of every 2.5 s lost it in ~1.4% of simulated
-    runs; with the floor, none of 2,000).  Small clusters can afford the extra sends.
+    memberlist's ``mult * ceil(log10(N + 1))``, with the node scale at least 2: up to 9
+    members its scale is 1, and at the LAN's 4 sends a member misses a broadcast with a few
+    percent probability.  A member that misses a refutation declares a live node dead: with
+    one node stopped 1.5 s of every 2.5 s, 1.6-2.7% of simulated runs at 8-9 members did
+    (``bench/gossip_refute.py``); with the floor, none.  Small clusters can afford the sends.
     """
     if n_members <= 0:
         return 0

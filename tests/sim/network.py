@@ -126,6 +126,18 @@ class SimNetwork:
         node.stalled_until = max(node.stalled_until, self.now + duration)
         self._push(node.stalled_until, "resume", name, None)
 
+    def stall_in_bursts(self, name: str, phases: Iterable[tuple[float, float, float]]) -> float:
+        """Stall ``name`` for ``stop`` s of every ``period`` s, phase after phase, starting now:
+        ``phases`` are ``(stop, period, seconds)`` (``tests/test_integration.py``'s
+        SIGSTOP/SIGCONT of a starved node).  Returns the virtual time the last phase ends."""
+        t = self.now
+        for stop, period, seconds in phases:
+            end = t + seconds
+            while t < end:
+                self.at(t, lambda s=stop: self.stall(name, s))
+                t += period
+        return t
+
     def slow(self, name: str, recv_delay: float) -> None:
         """Make a node handle every packet ``recv_delay`` late while its timers run on time:
         a CPU-starved process with a receive backlog (Lifeguard's "slow member").  0 ends it."""
