@@ -31,9 +31,8 @@ from bench.table import publish  # noqa: E402
 from gossip.broadcast import retransmit_limit  # noqa: E402
 from gossip.config import Config  # noqa: E402
 from gossip.events import EventKind, MemberEvent  # noqa: E402
-from tests.sim.network import SimNetwork  # noqa: E402
+from tests.sim.network import STARVE_PHASES, SimNetwork  # noqa: E402
 
-PHASES = ((0.3, 1.0, 20.0), (1.5, 2.5, 15.0))  # tests/test_integration.py's STARVE_PHASES
 SIZES = (5, 8, 9, 16)
 LOSSES = (0.0, 0.02)
 HEAD = ("members", "packet loss", "sends per broadcast", "runs", "runs with a death",
@@ -53,7 +52,7 @@ def one_run(args: tuple[int, float, int]) -> tuple[int, float]:
     names = net.add_cluster(n)
     net.run_until(5.0)
     start = net.now
-    net.run_until(net.stall_in_bursts(names[n // 2], PHASES) + 10.0)
+    net.run_until(net.stall_in_bursts(names[n // 2], STARVE_PHASES) + 10.0)
     sent = sum(net.nodes[m].swim.stats.bytes_sent for m in names)
     return len(failed), sent / n / (net.now - start)
 
@@ -81,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((str(n), f"{loss:.0%}", str(retransmit_limit(4, n)), str(runs),
                              f"{bad} ({bad / runs:.1%})", str(pairs), f"{rate:.0f}"))
     publish(args.out, "gossip_refute", "A node stopped in bursts: declared dead?", HEAD, rows,
-            started, args.quick, {"phases": PHASES, "profile": "lan", "runs": runs}, results)
+            started, args.quick, {"phases": STARVE_PHASES, "profile": "lan", "runs": runs},
+            results)
     return 0
 
 

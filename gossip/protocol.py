@@ -643,7 +643,7 @@ class Swim:
         # of the old suspicion, which then expires on the old timer: a member that keeps
         # refuting could be declared dead by whoever missed one refutation.  A new
         # incarnation gets a new timer instead.
-        if m.status not in (Status.ALIVE, Status.SUSPECT):
+        if not m.live:
             return
         if name == self.name:
             if not self._leaving:

@@ -42,6 +42,7 @@ from gossip.keyring import Keyring, encode_key, generate_key
 from meshd.settings import SettingsError, load
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 from tests.cluster import ROOT, Cluster, metric_sum, port_free
+from tests.sim.network import STARVE_PHASES
 
 pytestmark = [
     pytest.mark.slow,
@@ -75,13 +76,7 @@ def failed_events(c: Cluster) -> list[tuple[str, str]]:
     return [(e["node"], e["member"]) for e in c.events("member_failed")]
 
 
-# --- (b) a CPU-starved node, in the background ------------------------------------------------
-
-# (stop seconds, period seconds, phase seconds).  The first phase is the brief's: 0.3 s of
-# every 1 s.  Stalls shorter than the probe interval (1 s) delay acks but never fail a probe,
-# so it raises no suspicion at all; the second phase stalls longer than a probe round, so the
-# node is suspected and must refute (Lifeguard's dynamic suspicion timeout gives it the time).
-STARVE_PHASES = ((0.3, 1.0, 20.0), (1.5, 2.5, 15.0))
+# --- (b) a CPU-starved node, in the background (STARVE_PHASES) ---------------------------------
 
 
 @pytest.fixture(scope="module")

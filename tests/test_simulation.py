@@ -17,7 +17,7 @@ from gossip.config import Config
 from gossip.events import EventKind, MemberEvent
 from gossip.state import Status
 from gossip.suspicion import suspicion_timeout
-from tests.sim.network import SimNetwork
+from tests.sim.network import STARVE_PHASES, SimNetwork
 
 LAN = Config.lan()
 
@@ -159,9 +159,6 @@ def test_brief_stall_is_suspected_at_most_never_declared_dead(lifeguard: bool) -
     assert net.nodes["n8"].swim.incarnation >= 1
 
 
-STARVED = ((0.3, 1.0, 20.0), (1.5, 2.5, 15.0))  # tests/test_integration.py's STARVE_PHASES
-
-
 def _deaths_of_a_node_stopped_in_bursts(seed: int) -> list[tuple[float, str]]:
     """``tests/test_integration.py``'s starved node on the simulator: 8 members, one stopped
     0.3 s of every 1 s for 20 s, then 1.5 s of every 2.5 s for 15 s."""
@@ -169,7 +166,7 @@ def _deaths_of_a_node_stopped_in_bursts(seed: int) -> list[tuple[float, str]]:
     net = SimNetwork(LAN, seed=seed, on_event=log)
     net.add_cluster(8)
     net.run_until(5.0)
-    net.run_until(net.stall_in_bursts("n4", STARVED) + 10.0)
+    net.run_until(net.stall_in_bursts("n4", STARVE_PHASES) + 10.0)
     return log.of(EventKind.FAILED)
 
 

@@ -25,6 +25,14 @@ from gossip.state import Addr, Member, NodeMeta, Status
 
 EventSink = Callable[[str, MemberEvent], None]
 
+STARVE_PHASES = ((0.3, 1.0, 20.0), (1.5, 2.5, 15.0))
+"""The CPU-starved node of ``tests/test_integration.py`` (and of the simulator's test and
+``bench/gossip_refute.py``), as ``(stop seconds, period seconds, phase seconds)``.  The first
+phase is the brief's: 0.3 s of every 1 s.  Stalls shorter than the probe interval (1 s) delay
+acks but never fail a probe, so it raises no suspicion at all; the second phase stalls longer
+than a probe round, so the node is suspected and must refute (Lifeguard's dynamic suspicion
+timeout gives it the time)."""
+
 
 @dataclass(slots=True)
 class SimNode:
