@@ -13,7 +13,6 @@ fastest level: a scrape is on a LAN, and CPU is what the agent is short of).
 from __future__ import annotations
 
 import gzip
-import socket
 import threading
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +21,7 @@ from typing import Any
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from gossip.transport import family_of
 from meshd.metric_schema import Family, HistogramFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -153,7 +153,7 @@ class MetricsServer:
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            address_family = family_of(host)
 
         self.httpd = Server((host, port), Handler)
         self.address = self.httpd.server_address

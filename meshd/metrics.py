@@ -146,10 +146,7 @@ class ConsensusCollector(Collector):
         for group, view in c.views.items():
             version.add_metric([n, group], view.version)
         yield version
-        gauges = {name: family(name) for name in (
-            "meshd_raft_state", "meshd_raft_term", "meshd_raft_commit_index",
-            "meshd_raft_last_applied", "meshd_raft_has_quorum", "meshd_raft_voters",
-            "meshd_raft_reachable_voters")}
+        gauges = [family(name) for name in RAFT_GAUGES]
         syncs = family("meshd_raft_journal_syncs")
         sync_time = family("meshd_raft_journal_sync_seconds")
         for group, grp in list(c.groups.items()):
@@ -157,17 +154,13 @@ class ConsensusCollector(Collector):
                 st = grp.status()
             except RuntimeError:  # pysyncobj mutated a dict under us; next scrape
                 continue
-            for name, value in (("meshd_raft_state", self.STATES.get(st.state, 0)),
-                                ("meshd_raft_term", st.term),
-                                ("meshd_raft_commit_index", st.commit_index),
-                                ("meshd_raft_last_applied", st.last_applied),
-                                ("meshd_raft_has_quorum", int(st.has_quorum)),
-                                ("meshd_raft_voters", len(st.members)),
-                                ("meshd_raft_reachable_voters", len(st.reachable))):
-                gauges[name].add_metric([n, group], value)
+            for gauge, value in zip(gauges, (
+                    self.STATES.get(st.state, 0), st.term, st.commit_index, st.last_applied,
+                    int(st.has_quorum), len(st.members), len(st.reachable)), strict=True):
+                gauge.add_metric([n, group], value)
             syncs.add_metric([n, group], grp.durability.syncs)
             sync_time.add_metric([n, group], grp.durability.sync_seconds)
-        yield from gauges.values()
+        yield from gauges
         yield syncs
         yield sync_time
         yield by("meshd_consensus_forwarded_writes", n,
@@ -240,6 +233,9 @@ class SignalCollector(Collector):
         yield stale
 
 
+RAFT_GAUGES = ("meshd_raft_state", "meshd_raft_term", "meshd_raft_commit_index",
+               "meshd_raft_last_applied", "meshd_raft_has_quorum", "meshd_raft_voters",
+               "meshd_raft_reachable_voters")
 GPU_GAUGES = ("meshd_gpu_memory_free_bytes", "meshd_gpu_memory_total_bytes",
               "meshd_gpu_sm_utilization_ratio", "meshd_gpu_temperature_celsius",
               "meshd_gpu_power_watts", "meshd_gpu_ecc_uncorrected_errors", "meshd_gpu_throttled")

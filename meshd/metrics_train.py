@@ -15,11 +15,11 @@ from prometheus_client.registry import Collector
 
 from adapters.model import CommStats
 from meshd.metric_schema import counter, family, histogram
-from meshd.train.board import FINAL
+from meshd.train.links import STEPS
 from meshd.train.service import TrainService
+from policy.model import JOB_STATES
 
-STATES = ("queued", "placed", "running", *FINAL)
-OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"})
+OPS = frozenset(STEPS)
 
 
 class TrainCollector(Collector):
@@ -44,7 +44,7 @@ class TrainCollector(Collector):
                 counts[key] = counts.get(key, 0) + 1
                 lapses += int(job.get("lapses", 0))
             for tenant in set(tenant_of.values()) or {"default"}:
-                for state in STATES:
+                for state in JOB_STATES:
                     jobs.add_metric([n, state, tenant], counts.pop((state, tenant), 0))
             for (state, tenant), count in counts.items():  # a state this build does not know
                 jobs.add_metric([n, state, tenant], count)

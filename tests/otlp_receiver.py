@@ -35,7 +35,6 @@ def _value(v: Any) -> Any:
 class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self) -> None:
         self.spans: list[ReceivedSpan] = []
-        self.exports = 0
         self._lock = threading.Lock()
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
@@ -54,7 +53,6 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
                         s.status.code, [e.name for e in s.events]))
         with self._lock:
             self.spans.extend(got)
-            self.exports += 1
         return trace_service_pb2.ExportTraceServiceResponse()
 
     def start(self) -> Receiver:

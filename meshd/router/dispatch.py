@@ -54,16 +54,18 @@ class Attempt:
     span: SpanRecord | None = None
 
 
-def _attempt_span(trace: RequestTrace, choice: Choice, hedge: bool,
-                  metadata: Sequence[tuple[str, str]]
-                  ) -> tuple[SpanRecord, list[tuple[str, str]]]:
+def attempt_span(trace: RequestTrace | None, choice: Choice, hedge: bool,
+                 metadata: Sequence[tuple[str, str]], name: str = "triton ModelInfer"
+                 ) -> tuple[SpanRecord | None, Sequence[tuple[str, str]]]:
     """A client span for one attempt (a child of the request's), and the metadata that carries
-    it to the runtime."""
+    it to the runtime; untraced, no span and the metadata as it is."""
+    if trace is None:
+        return None, metadata
     attributes: dict[str, object] = {"server.address": choice.endpoint,
                                      "meshd.target": choice.node}
     if hedge:
         attributes["meshd.hedge"] = True
-    span = trace.child("triton ModelInfer", SpanKind.CLIENT, attributes)
+    span = trace.child(name, SpanKind.CLIENT, attributes)
     return span, trace.metadata(span, metadata)
 
 
@@ -118,8 +120,7 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
             queue[:] = [c for c in queue if c.replica != choice.replica]
         now = clock()
         timeout = None if deadline is None else max(0.0, deadline - now)
-        span, md = (None, metadata) if trace is None else _attempt_span(trace, choice, hedge,
-                                                                         metadata)
+        span, md = attempt_span(trace, choice, hedge, metadata)
         call = upstreams.unary(choice.endpoint, method)(raw, timeout=timeout,
                                                           metadata=md or None)
         fut: asyncio.Future[bytes] = asyncio.ensure_future(_wait(call))
@@ -213,8 +214,7 @@ async def _in_turn(raw: bytes, method: str, queue: list[Choice], *, upstreams: U
             raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
                          f"deadline exceeded after trying {i} replica(s)")
         tally.failovers += i > 0
-        span, md = (None, metadata) if trace is None else _attempt_span(trace, choice, False,
-                                                                         metadata)
+        span, md = attempt_span(trace, choice, False, metadata)
         call = upstreams.unary(choice.endpoint, method)(
             raw, timeout=None if deadline is None else deadline - started,
             metadata=md or None)

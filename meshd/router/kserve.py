@@ -27,13 +27,12 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
-from opentelemetry.trace import SpanKind
 from tritonclient.grpc import service_pb2
 
-from meshd import __version__
+from meshd import __version__, tracing
 from meshd.router.auth import SLO_HEADER, ClientAuth, Unauthenticated
 from meshd.router.counters import RouterCounters
-from meshd.router.dispatch import Failed, Tally, dispatch
+from meshd.router.dispatch import Failed, Tally, attempt_span, dispatch
 from meshd.router.scoring import Scoring, ScoringUnavailable
 from meshd.router.traces import RequestTrace, RequestTracer
 from meshd.router.upstream import Upstreams
@@ -41,15 +40,9 @@ from meshd.router.validate import InvalidRequest, ModelSchema, validate
 from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
 
 log = logging.getLogger("meshd.router")
-
-
-def _code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
-    """The status an aborted call ended with."""
-    code = context.code()  # type: ignore[attr-defined]
-    return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
 T = TypeVar("T")
 
-PASS_HEADERS = frozenset({"traceparent", "tracestate"})
+PASS_HEADERS = tracing.HEADERS
 SCHEMA_TTL = 60.0
 """Seconds a model's config is trusted before it is fetched again."""
 CONFIG_TIMEOUT = 5.0
@@ -67,6 +60,12 @@ NO_SERVER_METHODS = {
     "ModelStatistics": "statistics are per server; read the mesh's Prometheus metrics",
 }
 
+
+
+def _code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """The status an aborted call ended with."""
+    code = context.code()  # type: ignore[attr-defined]
+    return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
 
 class Schemas:
     """Model configs (as validation schemas), fetched from a ready replica and cached."""
@@ -171,33 +170,32 @@ class KServeRouter:
 
     async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """One request.  Every path out of here counts it exactly once as completed, failed,
-        shed, invalid or cancelled (so ``requests`` less those is what is in flight)."""
+        shed, invalid or cancelled (so ``requests`` less those is what is in flight).
+
+        The request is a trace when tracing is on and the sampler keeps it (its context read
+        from the client's trace headers, which ``_caller`` picks out); otherwise ``rt`` is None
+        and the client's context passes on as it is."""
         c = self.counters
         c.requests += 1
+        rt: RequestTrace | None = None
         try:
-            return await self._traced(raw, context)
-        except asyncio.CancelledError:
-            c.cancelled += 1
-            raise
-
-    async def _traced(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """The request, as a trace when tracing is on and the sampler keeps it (its context
-        read from the client's trace headers, which ``_caller`` has already picked out)."""
-        caller = await self._caller(context, counted=True)
-        tracer = self.tracer
-        rt = tracer.start("router ModelInfer", caller[2]) if tracer is not None else None
-        if rt is None:  # off, or not sampled: the client's context passes on as it is
-            return await self._model_infer(raw, context, caller, None)
-        try:
+            caller = await self._caller(context, counted=True)
+            tracer = self.tracer
+            if tracer is not None:
+                rt = tracer.start("router ModelInfer", caller[2])
             reply = await self._model_infer(raw, context, caller, rt)
         except grpc.aio.AbortError:
-            code = _code(context)
-            rt.finish(code.name, {"rpc.grpc.status_code": code.value[0]})
+            if rt is not None:
+                code = _code(context)
+                rt.finish(code.name, {"rpc.grpc.status_code": code.value[0]})
             raise
         except asyncio.CancelledError:
-            rt.finish("CANCELLED")
+            c.cancelled += 1
+            if rt is not None:
+                rt.finish("CANCELLED")
             raise
-        rt.finish()
+        if rt is not None:
+            rt.finish()
         return reply
 
     async def _model_infer(self, raw: bytes, context: grpc.aio.ServicerContext,
@@ -227,16 +225,7 @@ class KServeRouter:
         remaining = context.time_remaining()
         request = ScoreRequest(model, version, payload, tenant, slo,
                                deadline=remaining if remaining is not None else 0.0)
-        if rt is None:
-            scored = await self._score(context, request)
-        else:
-            span = rt.child("score", attributes={"meshd.model": model})
-            scored = await self._score(context, request)
-            span.attributes.update({"meshd.strategy": scored.strategy,
-                                    "meshd.targets": len(scored.targets)})
-            if not scored.verdict.admit:
-                span.attributes["meshd.shed"] = scored.verdict.reason
-            span.end()
+        scored = await self._score(context, request, rt)
         v = scored.verdict
         if not v.admit:
             c.shed[v.reason] = c.shed.get(v.reason, 0) + 1
@@ -274,16 +263,25 @@ class KServeRouter:
         c.completed += 1
         return reply
 
-    async def _score(self, context: grpc.aio.ServicerContext, req: ScoreRequest) -> Scored:
+    async def _score(self, context: grpc.aio.ServicerContext, req: ScoreRequest,
+                     rt: RequestTrace | None) -> Scored:
+        """The scorer's decision (a "score" span of ``rt`` when traced)."""
+        span = None if rt is None else rt.child("score", attributes={"meshd.model": req.model})
         try:
-            return await self.scoring.score(req)
+            scored = await self.scoring.score(req)
         except ScoreError as exc:
             self.counters.invalid += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except ScoringUnavailable as exc:
             self._failed("scorer_unavailable")
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        raise AssertionError("unreachable")
+        if span is not None:
+            span.attributes.update({"meshd.strategy": scored.strategy,
+                                    "meshd.targets": len(scored.targets)})
+            if not scored.verdict.admit:
+                span.attributes["meshd.shed"] = scored.verdict.reason
+            span.end()
+        return scored
 
     async def _ask(self, context: grpc.aio.ServicerContext, call: Awaitable[T]) -> T:
         """A scorer call off the hot path; an unreachable scorer is UNAVAILABLE."""
@@ -346,25 +344,15 @@ class KServeRouter:
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "first message is not a ModelInferRequest")
-        score_span = None if rt is None else rt.child("score", attributes={
-            "meshd.model": req.model_name})
         scored = await self._score(context, ScoreRequest(
-            req.model_name, req.model_version, len(first), tenant, slo, idempotent=False))
+            req.model_name, req.model_version, len(first), tenant, slo, idempotent=False), rt)
         v = scored.verdict
-        if score_span is not None:
-            score_span.attributes.update({"meshd.strategy": scored.strategy,
-                                          "meshd.targets": len(scored.targets)})
-            if not v.admit:
-                score_span.attributes["meshd.shed"] = v.reason
-            score_span.end()
         if not v.admit:
             code = (grpc.StatusCode.UNAVAILABLE if v.reason == "no_targets"
                     else grpc.StatusCode.RESOURCE_EXHAUSTED)
             await context.abort(code, f"shed: {v.reason}; retry after {v.retry_after:.3f} s")
         target = scored.targets[0]
-        span = None if rt is None else rt.child("triton ModelStreamInfer", SpanKind.CLIENT, {
-            "server.address": target.endpoint, "meshd.target": target.node})
-        metadata = passed if rt is None or span is None else rt.metadata(span, passed)
+        span, metadata = attempt_span(rt, target, False, passed, "triton ModelStreamInfer")
         started = time.monotonic()
 
         async def upstream_requests() -> AsyncIterator[bytes]:
