@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from prometheus_client import generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -25,9 +27,6 @@ from gossip.transport import family_of
 from meshd.metric_schema import Family, HistogramFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_OM_SUFFIXES = ("_created", "_gsum", "_gcount")
-_TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram",
-          "unknown": "untyped"}
 
 
 def _escape(value: str) -> str:
@@ -43,16 +42,6 @@ def _help(doc: str) -> str:
 MAX_HEADS = 100_000
 """Rendered series names (name and labels) kept between scrapes; past this, forgotten."""
 _heads: dict[tuple[str, tuple[str, ...], tuple[Any, ...]], str] = {}
-
-
-def _lines(samples: Iterable[Any], out: list[str]) -> None:
-    for s in samples:
-        labels = s.labels
-        head = _head(s.name, tuple(labels), tuple(labels.values())) if labels else s.name
-        if s.timestamp is not None:
-            out.append(f"{head} {floatToGoString(s.value)} {int(float(s.timestamp) * 1000):d}\n")
-        else:
-            out.append(f"{head} {floatToGoString(s.value)}\n")
 
 
 def _head(name: str, labels: tuple[str, ...], values: tuple[str, ...], le: str = "") -> str:
@@ -90,6 +79,16 @@ def _histogram(metric: HistogramFamily, out: list[str]) -> None:
         out.append(f"{_head(sums, labels, values)} {floatToGoString(total)}\n")
 
 
+class _One(Collector):
+    """One collected metric, as a registry ``generate_latest`` can render."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> Iterable[Metric]:
+        return [self.metric]
+
+
 def render(registry: Collector) -> bytes:
     """``registry``'s metrics in the Prometheus text format: what ``generate_latest`` writes
     for legacy-valid names (meshd's, by its metric table)."""
@@ -101,27 +100,9 @@ def render(registry: Collector) -> bytes:
         if isinstance(metric, HistogramFamily):
             _histogram(metric, out)
             continue
-        name, kind = metric.name, metric.type
-        if kind == "counter":
-            name = name + "_total"
-        elif kind == "info":
-            name = name + "_info"
-        doc = _help(metric.documentation)
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TYPES.get(kind, kind)}\n")
-        extra: dict[str, list[Any]] = {}
-        plain = []
-        for s in metric.samples:
-            for suffix in _OM_SUFFIXES:
-                if s.name == metric.name + suffix:
-                    extra.setdefault(suffix, []).append(s)
-                    break
-            else:
-                plain.append(s)
-        _lines(plain, out)
-        for suffix, samples in sorted(extra.items()):
-            out.append(f"# HELP {metric.name}{suffix} {doc}\n"
-                       f"# TYPE {metric.name}{suffix} gauge\n")
-            _lines(samples, out)
+        # The few metrics off the table (the library's own histograms, a handful of series):
+        # the library renders them.
+        out.append(generate_latest(_One(metric)).decode())
     return "".join(out).encode()
 
 
