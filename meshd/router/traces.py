@@ -145,12 +145,12 @@ class RequestTrace:
             self.root.attributes.update(attributes)
         self.root.end(error)
         t = self.tracer
+        root = self.context(self.root)
         for span in self.spans:
             span.end()
-            parent = (self.parent if span is self.root
-                      else self.context(self.root)) if span.parent else None
+            ctx, parent = (root, self.parent) if span is self.root else (self.context(span), root)
             t.processor.on_end(ReadableSpan(
-                span.name, self.context(span), parent, t.resource, span.attributes, (), (),
+                span.name, ctx, parent, t.resource, span.attributes, (), (),
                 span.kind, None, span.status, span.start_time, span.end_time, t.scope))
 
 
