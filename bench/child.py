@@ -41,7 +41,8 @@ class Child:
     start."""
 
     def __init__(self, script: str | Path, kind: str, spec: dict[str, Any], log: Path,
-                 start_timeout: float = 60) -> None:
+                 start_timeout: float = 60, env: dict[str, str] | None = None) -> None:
+        """``env``: the child's environment (default: ours)."""
         from meshd.devtriton import _pdeathsig_prefix
 
         self.kind = kind
@@ -50,7 +51,7 @@ class Child:
             [*_pdeathsig_prefix(), sys.executable, str(Path(script).resolve()),
              f"--{kind}-child", json.dumps(spec)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+            env={**(os.environ if env is None else env), "PYTHONPATH": str(ROOT)})
         self.info = self.read(start_timeout)
         self.addr = str(self.info.get("addr", ""))
         self.pid = int(self.info["pid"])

@@ -44,7 +44,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 from bench.child import log  # noqa: E402
-from bench.table import distribution, loadavg, publish, verdict  # noqa: E402
+from bench.table import distribution, loadavg, publish, quantile, verdict  # noqa: E402
 from meshd.devtriton import pick_ports  # noqa: E402
 
 BAR_MS = 50.0
@@ -238,8 +238,8 @@ def prometheus_view(work: Path, target: str, seconds: float) -> dict[str, Any] |
         points = sorted(ms for _, ms in timed[1:])  # its first: a new target (see above)
     finally:
         prom.stop()
-    return {"n": len(points), "median_ms": points[len(points) // 2],
-            "p90_ms": points[int(len(points) * 0.9)], "max_ms": points[-1]}
+    return {"n": len(points), "median_ms": quantile(points, 0.5),
+            "p90_ms": quantile(points, 0.9), "max_ms": points[-1]}
 
 
 if __name__ == "__main__":

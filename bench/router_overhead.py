@@ -234,10 +234,8 @@ async def _child(kind: str, spec: dict[str, Any]) -> int:
     return 0
 
 
-_TRACE_HOT = [0.0]
-"""CPU seconds (the calling thread's) spent in the router's tracing calls."""
 _TRACE_CALLS: dict[str, list[float]] = {}
-"""Per call: [count, CPU seconds]."""
+"""Per call: [count, CPU seconds (the calling thread's)]."""
 
 
 def _account_tracing() -> None:
@@ -257,7 +255,6 @@ def _account_tracing() -> None:
                 return fn(*a, **kw)
             finally:
                 took = time.thread_time() - t0
-                _TRACE_HOT[0] += took
                 acc[0] += 1
                 acc[1] += took
         setattr(cls, name, wrapper)
@@ -274,7 +271,8 @@ def trace_cost() -> dict[str, Any]:
     for t in threading.enumerate():
         if t.name.startswith("OtelBatch") and t.native_id is not None:
             exporter += _thread_oncpu_s(t.native_id)
-    return {"hot": _TRACE_HOT[0], "exporter": exporter,
+    hot = sum(s for _, s in _TRACE_CALLS.values())
+    return {"hot": hot, "exporter": exporter,
             "calls": {k: [int(n), s] for k, (n, s) in _TRACE_CALLS.items()}}
 
 
@@ -501,8 +499,9 @@ class WorkerPath:
 class Child(child.Child):
     """A proxy process of this script."""
 
-    def __init__(self, kind: str, spec: dict[str, Any], log: Path) -> None:
-        super().__init__(__file__, kind, spec, log)
+    def __init__(self, kind: str, spec: dict[str, Any], log: Path,
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__(__file__, kind, spec, log, env=env)
 
     def cpu(self) -> dict[str, Any]:
         """``cpu`` (process, s), ``loop_cpu`` (its event loop's thread, s), ``gc_count`` and

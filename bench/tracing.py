@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.child import log  # noqa: E402
 from bench.router_overhead import MODEL, AioClients, Child  # noqa: E402
-from bench.table import loadavg, publish, verdict  # noqa: E402
+from bench.table import loadavg, publish, quantile, verdict  # noqa: E402
 from tests.otlp_receiver import Receiver  # noqa: E402
 
 BAR = 0.05
@@ -53,17 +53,9 @@ PATHS = ("plain", "control", "traced")
 
 
 def start_router(upstream: str, env: dict[str, str], workdir: Path) -> Child:
-    """The router child with exactly ``env``'s OTEL_* variables (Child copies os.environ)."""
-    saved = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
-    for k in saved:
-        del os.environ[k]
-    os.environ.update(env)
-    try:
-        return Child("router", {"upstream": upstream}, workdir / "router.log")
-    finally:
-        for k in env:
-            os.environ.pop(k, None)
-        os.environ.update(saved)
+    """The router child with exactly ``env``'s OTEL_* variables."""
+    ours = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return Child("router", {"upstream": upstream}, workdir / "router.log", env={**ours, **env})
 
 
 def measure(args: argparse.Namespace, router: Child, clients: AioClients) -> dict[str, Any]:
@@ -105,7 +97,7 @@ def measure(args: argparse.Namespace, router: Child, clients: AioClients) -> dic
         out["paths"][path] = {
             "cpu_ms_per_request": e["cpu_s"] / e["calls"] * 1000, "calls": e["calls"],
             "throughput": e["calls"] / e["wall_s"],
-            "p50_ms": lat[len(lat) // 2] / 1000, "p99_ms": lat[int(len(lat) * 0.99)] / 1000,
+            "p50_ms": quantile(lat, 0.5) / 1000, "p99_ms": quantile(lat, 0.99) / 1000,
             "per_round_ms": e["per_round_ms"]}
     p = out["paths"]
     out["overhead"] = p["traced"]["cpu_ms_per_request"] / p["plain"]["cpu_ms_per_request"] - 1
