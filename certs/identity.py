@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,12 @@ CLOCK_SKEW = dt.timedelta(minutes=5)
 """Leaves are valid from five minutes before issue, so a peer whose clock lags a little does not
 refuse a certificate that was just made."""
 KEY_FILE, CERT_FILE, BUNDLE_FILE = "key.pem", "cert.pem", "bundle.pem"
+NEXT_KEY_FILE = "key.next.pem"
+"""Where :meth:`Identity.save` stages a new key until the certificate for it is in place."""
+LOAD_ATTEMPTS = 3
+"""Reads of a directory that :meth:`Identity.load` makes before it calls a key and certificate
+that do not match an error.  One read is enough against one save running meanwhile; a read
+that spans two saves (back to back) is the case the others are for."""
 RENEW_AT = 2 / 3
 """Renew once two thirds of a certificate's lifetime has passed (8 h left of a 24 h one), so a
 CA holder that is down for hours does not let identities lapse."""
@@ -137,16 +145,32 @@ def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def write_private(path: Path, data: bytes) -> None:
     """Write a secret file readable by its owner only, atomically."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    _write_atomic(path, data, 0o600)
 
 
 def write_public(path: Path, data: bytes) -> None:
+    _write_atomic(path, data, 0o644)
+
+
+def _read_if_there(path: Path) -> bytes | None:
+    """A file's bytes, or None when it does not exist (a staged key comes and goes)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise IdentityError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Whole old contents or whole new ones, also after a power cut: the data reaches the disk
+    before the rename that makes it the file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
@@ -190,37 +214,97 @@ class Identity:
         return key_pem(self.key)
 
     def save(self, directory: Path) -> None:
-        """``key.pem`` (0600), ``cert.pem`` (leaf then intermediates), ``bundle.pem``."""
+        """``key.pem`` (0600), ``cert.pem`` (leaf then intermediates), ``bundle.pem``.
+
+        A renewal replaces the key and the certificate, and no file system replaces two files
+        at once.  So the new key is staged as ``key.next.pem`` and moved over ``key.pem`` only
+        once ``cert.pem`` is the certificate for it.  At every moment one of the two key files
+        matches ``cert.pem``: a process reading the directory meanwhile (the router worker) and
+        a restart after a crash mid-save both find a whole identity.  The bundle goes first, so
+        new roots are trusted before a certificate from them is shown.
+        """
         directory.mkdir(parents=True, exist_ok=True)
-        write_private(directory / KEY_FILE, self.key_pem())
         write_public(directory / BUNDLE_FILE, self.bundle_pem())
+        write_private(directory / NEXT_KEY_FILE, self.key_pem())
         write_public(directory / CERT_FILE, self.chain_pem())
+        os.replace(directory / NEXT_KEY_FILE, directory / KEY_FILE)
 
     @classmethod
     def load(cls, directory: Path) -> Identity:
+        """The identity in ``directory``, with whichever key file matches ``cert.pem``."""
+        for attempt in range(LOAD_ATTEMPTS):
+            ident = cls._read(directory)
+            if ident is not None:
+                return ident
+            if attempt + 1 < LOAD_ATTEMPTS:
+                time.sleep(0.02)
+        raise IdentityError(f"{directory}: {CERT_FILE} does not match {KEY_FILE}")
+
+    @classmethod
+    def _read(cls, directory: Path) -> Identity | None:
+        """One read of the directory; None when no key file matches the certificate.
+
+        The order is what makes one read enough against one save running meanwhile: key.pem
+        before cert.pem (an old certificate then has its old key), then the staged key, then
+        key.pem again (a new certificate has its key in one of the two, or in key.pem once the
+        staged one is moved).  A read that spans two saves gets None and reads again.
+        """
+        key_path, staged = directory / KEY_FILE, directory / NEXT_KEY_FILE
+        first = _read_if_there(key_path)
         try:
-            key_data = (directory / KEY_FILE).read_bytes()
             chain = load_pem_certs((directory / CERT_FILE).read_bytes(), str(directory / CERT_FILE))
             bundle = load_pem_certs((directory / BUNDLE_FILE).read_bytes(),
                                     str(directory / BUNDLE_FILE))
         except OSError as exc:
             raise IdentityError(f"cannot read identity in {directory}: {exc.strerror}") from None
-        try:
-            key = serialization.load_pem_private_key(key_data, password=None)
-        except (ValueError, TypeError) as exc:
-            raise IdentityError(f"{directory / KEY_FILE}: not a usable private key") from exc
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise IdentityError(f"{directory / KEY_FILE}: expected an EC private key")
         if not chain or not bundle:
             raise IdentityError(f"{directory}: certificate chain or CA bundle is empty")
-        ident = cls(key, tuple(chain), tuple(bundle))
-        if ident.cert.public_key() != key.public_key():
-            raise IdentityError(f"{directory}: {CERT_FILE} does not match {KEY_FILE}")
-        try:
-            ident.spiffe_id  # noqa: B018 - validates the SAN
-        except ValueError as exc:
-            raise IdentityError(f"{directory / CERT_FILE}: {exc}") from None
-        return ident
+
+        def keys() -> Iterator[tuple[Path, bytes | None]]:  # read only when still needed
+            yield key_path, first
+            yield staged, _read_if_there(staged)
+            yield key_path, _read_if_there(key_path)
+
+        found = False
+        for path, data in keys():
+            if data is None:
+                continue
+            found = True
+            try:
+                key = serialization.load_pem_private_key(data, password=None)
+            except (ValueError, TypeError) as exc:
+                if path is staged:
+                    continue  # a leftover of a save that never got to its certificate
+                raise IdentityError(f"{path}: not a usable private key") from exc
+            if not isinstance(key, ec.EllipticCurvePrivateKey):
+                if path is staged:
+                    continue
+                raise IdentityError(f"{path}: expected an EC private key")
+            if chain[0].public_key() != key.public_key():
+                continue
+            ident = cls(key, tuple(chain), tuple(bundle))
+            try:
+                ident.spiffe_id  # noqa: B018 - validates the SAN
+            except ValueError as exc:
+                raise IdentityError(f"{directory / CERT_FILE}: {exc}") from None
+            return ident
+        if not found:
+            raise IdentityError(f"cannot read identity in {directory}: no {KEY_FILE}")
+        return None
+
+    @staticmethod
+    def settle(directory: Path) -> None:
+        """Finish or undo a :meth:`save` that a crash cut short, so that the files alone
+        (which TLS contexts load) are a matching set again.  Only the directory's owner calls
+        this, before it uses them."""
+        staged = directory / NEXT_KEY_FILE
+        if not staged.exists():
+            return
+        ident = Identity._read(directory) if (directory / CERT_FILE).exists() else None
+        if ident is not None and ident.key_pem() == staged.read_bytes():
+            os.replace(staged, directory / KEY_FILE)  # the certificate was in place: finish
+        else:
+            staged.unlink()  # the certificate never came: the old pair stands
 
     @staticmethod
     def exists(directory: Path) -> bool:

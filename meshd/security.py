@@ -4,6 +4,7 @@ may use which channel, revocations, join-token use counts and the gossip keyring
 Files in the data dir::
 
     identity/   key.pem (0600), cert.pem, bundle.pem    this node's mesh identity
+                (key.next.pem only while a renewal is being written)
     ca/         the dev CA (``--dev``); ``--ca-dir`` points elsewhere for a real one
     meshctl/    an admin client identity for ``meshctl --creds`` (``--dev`` only)
     keyring.json  gossip keys (0600), key operations applied
@@ -131,6 +132,10 @@ class Security:
         """Load or make what can be had locally; enrollment (if needed) comes after."""
         now = time.time() if now is None else now
         self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            Identity.settle(self.id_dir)
+        except IdentityError as exc:
+            raise SecurityError(f"identity: {exc}") from None
         have_identity = Identity.exists(self.id_dir)
         if self.ca_dir is not None and (self.ca_dir / "ca.json").exists():
             self.ca = CertificateAuthority.load(self.ca_dir)

@@ -13,6 +13,7 @@ import json
 import os
 import ssl
 import stat
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -1252,6 +1253,99 @@ def test_identity_save_load_round_trip(tmp_path: Path, ca: CertificateAuthority,
     (tmp_path / "key.pem").write_bytes(other.key_pem())
     with pytest.raises(IdentityError, match="does not match"):
         Identity.load(tmp_path)
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in directory.iterdir()}
+
+
+def _restore(directory: Path, files: dict[str, bytes]) -> None:
+    for f in directory.iterdir():
+        f.unlink()
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-save", "renewal"])
+def test_identity_save_is_whole_at_every_step_and_after_a_crash_at_any_step(
+        tmp_path: Path, ca: CertificateAuthority, monkeypatch: pytest.MonkeyPatch,
+        first: bool) -> None:
+    """Every file operation of a save is a moment a reader (the router worker) can look and a
+    crash can stop the writer.  At each one, load gives the old identity or the new one, and
+    after settle the files alone (what TLS contexts load) are a matching pair."""
+    directory = tmp_path / "identity"
+    old = ca.mint(node("n2"), ["node"])
+    new = ca.mint(node("n2"), ["node"])
+    if not first:
+        old.save(directory)
+    snapshots: list[dict[str, bytes]] = []
+    real_replace = os.replace
+
+    def replace(src: object, dst: object) -> None:
+        real_replace(src, dst)  # type: ignore[arg-type]
+        snapshots.append(_files(directory))
+        if (directory / "cert.pem").exists():  # else: no identity yet, as before the save
+            seen = Identity.load(directory)
+            assert seen.chain in ((new.cert,), () if first else (old.cert,))
+
+    monkeypatch.setattr(os, "replace", replace)
+    new.save(directory)
+    monkeypatch.undo()
+    assert len(snapshots) == 4 and sorted(_files(directory)) == ["bundle.pem", "cert.pem",
+                                                                 "key.pem"]
+    for files in snapshots:  # the writer crashed right after this step
+        _restore(directory, files)
+        Identity.settle(directory)
+        assert "key.next.pem" not in _files(directory)
+        if not Identity.exists(directory):
+            assert first  # crashed before the first certificate was in place: no identity
+            continue
+        ident = Identity.load(directory)
+        assert ident.chain in ((new.cert,), (old.cert,))
+        assert (directory / "key.pem").read_bytes() == ident.key_pem()
+        tls.server_context(directory)  # the files match without load's help
+
+
+def test_identity_load_ignores_a_leftover_staged_key(tmp_path: Path,
+                                                     ca: CertificateAuthority) -> None:
+    ident = ca.mint(node("n2"), ["node"])
+    ident.save(tmp_path)
+    for leftover in (ca.mint(node("n2"), ["node"]).key_pem(), b"half a key"):
+        (tmp_path / "key.next.pem").write_bytes(leftover)
+        assert Identity.load(tmp_path).key_pem() == ident.key_pem()
+        Identity.settle(tmp_path)
+        assert not (tmp_path / "key.next.pem").exists()
+        assert Identity.load(tmp_path).key_pem() == ident.key_pem()
+
+
+def test_identity_reader_never_sees_a_mismatch_while_renewals_are_written(
+        tmp_path: Path, ca: CertificateAuthority) -> None:
+    """A reader in another thread, as the router worker is another process.  With the files
+    written one by one (before the staged key) most reads made among back-to-back saves got a
+    key that did not match the certificate; CI once hit that with a single renewal."""
+    idents = [ca.mint(node("n2"), ["node"]) for _ in range(4)]
+    idents[0].save(tmp_path)
+    stop = threading.Event()
+    errors: list[str] = []
+    reads = [0]
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                Identity.load(tmp_path)
+            except IdentityError as exc:
+                errors.append(str(exc))
+            reads[0] += 1
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(300):
+            idents[i % len(idents)].save(tmp_path)
+    finally:
+        stop.set()
+        reader.join()
+    assert reads[0] > 50 and errors == []
 
 
 def _handshake(server: ssl.SSLContext, client: ssl.SSLContext

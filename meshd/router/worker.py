@@ -77,7 +77,7 @@ class Files:
         self._stamps = stamps
         try:
             ident = Identity.load(self.id_dir)
-        except IdentityError as exc:  # caught mid-write; the next look gets it
+        except IdentityError as exc:  # files broken by hand: keep the identity we have
             log.warning("cannot reload identity", extra={"event": "identity_reload_failed",
                                                          "detail": str(exc)})
             return
