@@ -25,7 +25,7 @@ import logging
 import shutil
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,10 @@ MEMBERSHIP_TIMEOUT = 5.0
 MEMBERSHIP_HISTORY = 1000
 FAILED_BACKOFF = 2.0
 """Seconds a coordinator that could not be reached is not picked for forwarding."""
+SLOW_AFTER = 0.5
+"""Seconds a forwarded write may go unanswered before its coordinator is picked last, until it
+answers: a stalled process keeps its connections up, so only the silence tells.  A healthy
+group commits in milliseconds, and a voter with no leader refuses at once."""
 CONNECT_DEADLINE = 0.5
 """Longest wait for a connection to a coordinator before a forwarded write picks another.
 
@@ -135,6 +139,7 @@ class ControlPlane:
         self._peers = PeerChannels(lambda: security.identity)
         self._waiting_logged: dict[str, str] = {}
         self._failed: dict[str, float] = {}  # node -> until when not to pick it
+        self._waiting: dict[str, list[float]] = {}  # node -> starts of its unanswered calls
         self._last_section: bytes | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._membership: deque[tuple[int, str, str, float]] = deque(maxlen=MEMBERSHIP_HISTORY)
@@ -378,9 +383,10 @@ class ControlPlane:
                 continue
             if group not in self.published[m.name] or "admin" not in m.meta.ports_dict:
                 continue
-            # Any voter hands a write to its leader; a suspect one is likely gone, so it
-            # comes last even when it claims to lead.
-            rank = 2 * (m.status is Status.SUSPECT) + (m.name not in leader_names)
+            # Any voter hands a write to its leader; a suspect one is likely gone, and one
+            # sitting on a write is likely stalled, so they come last even when they lead.
+            slow = any(now - t > SLOW_AFTER for t in self._waiting.get(m.name, ()))
+            rank = 2 * (m.status is Status.SUSPECT or slow) + (m.name not in leader_names)
             target = f"{m.addr[0]}:{m.meta.ports_dict['admin']}"
             if best is None or (rank, m.name) < best[:2]:
                 best = (rank, m.name, target)
@@ -504,10 +510,11 @@ class ControlPlane:
             return await self._unreachable(group, command, timeout, caller, retry, name,
                                            f"no connection within {CONNECT_DEADLINE:g} s")
         try:
-            reply = await self._stub(name, target).Propose(
-                admin_pb2.ProposeRequest(group=group, command_json=json.dumps(command),
-                                         timeout_seconds=timeout, on_behalf_of=caller),
-                timeout=timeout + 1.0)
+            with self._waiting_on(name):
+                reply = await self._stub(name, target).Propose(
+                    admin_pb2.ProposeRequest(group=group, command_json=json.dumps(command),
+                                             timeout_seconds=timeout, on_behalf_of=caller),
+                    timeout=timeout + 1.0)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             detail = exc.details() or code.name
@@ -524,6 +531,17 @@ class ControlPlane:
         if not isinstance(result, dict):
             raise ConsensusError("unknown", f"{name} returned a malformed result")
         return result
+
+    @contextlib.contextmanager
+    def _waiting_on(self, name: str) -> Iterator[None]:
+        """Marks a call to ``name`` unanswered while it runs (see :data:`SLOW_AFTER`)."""
+        started = time.monotonic()
+        waiting = self._waiting.setdefault(name, [])
+        waiting.append(started)
+        try:
+            yield
+        finally:
+            waiting.remove(started)
 
     async def _unreachable(self, group: str, command: dict[str, Any], timeout: float,
                            caller: str, retry: bool, name: str, detail: str) -> dict[str, Any]:

@@ -235,3 +235,33 @@ def test_follower_drops_a_silent_coordinator(tmp_path: Path, heartbeats: bool,
             assert "a" in follower._failed  # not picked again for a while
 
     run(tmp_path, body)
+
+
+def test_a_coordinator_sitting_on_a_forwarded_write_is_picked_last(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stalled leader keeps its connections up: a write it has held past ``SLOW_AFTER``
+    sends the next one (a hedged lease renewal, say) to another voter, which hands it to
+    whoever leads after the election."""
+    from types import SimpleNamespace
+
+    import meshd.control
+    from gossip.state import Status
+    from meshd.control import SLOW_AFTER
+
+    clock = [100.0]
+    monkeypatch.setattr(meshd.control, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    sec = dev_security(tmp_path / "t", "t")
+    cp = ControlPlane("t", sec.dir, sec, coordinator=False)
+    members = [SimpleNamespace(name=n, live=True, status=Status.ALIVE, addr=(ip, 7946),
+                               meta=SimpleNamespace(ports_dict={"admin": 9000}))
+               for n, ip in (("c1", "127.0.0.2"), ("c2", "127.0.0.3"))]
+    cp.swim = SimpleNamespace(members=lambda: members)  # type: ignore[assignment]
+    cp.node_names = {"127.0.0.2:7000": "c1"}
+    cp.published = {n: {"placements": ("127.0.0.2:7000", 5, ())} for n in ("c1", "c2")}
+    assert cp._pick_coordinator("placements") == ("c1", "127.0.0.2:9000")  # the leader
+    with cp._waiting_on("c1"):  # a write just went there: still the leader
+        assert cp._pick_coordinator("placements") == ("c1", "127.0.0.2:9000")
+        clock[0] += SLOW_AFTER + 0.1  # ... and it has not answered since
+        assert cp._pick_coordinator("placements") == ("c2", "127.0.0.3:9000")
+    assert cp._waiting["c1"] == []
+    assert cp._pick_coordinator("placements") == ("c1", "127.0.0.2:9000")  # it answered

@@ -64,8 +64,19 @@ def test_a_gang_runs_its_ranks_in_ring_order_and_moves_as_one(
     assert victim.name not in moved.nodes and len(set(moved.nodes)) == 2, moved
     assert list(moved.tried) == [victim.name]
     done = wait_job(mesh, seed, "g", lambda s: s.state == "done", 60, "the gang done")
-    assert done.step == 400 and done.attempt == 2
-    rank0 = mesh.c.node(moved.nodes[0]).data_dir / "jobs" / "g" / "attempt-2.log"
+    assert done.step == 400 and victim.name not in done.nodes, done
+    # One more move is fencing doing its job, and nothing else may cause it: when a trainer or
+    # most coordinators stall past a lease's deadline (CI's two cores under load), the ranks
+    # are stopped and the gang goes on from its checkpoint.
+    for attempt in range(2, done.attempt):
+        ran = {(e["node"], e["token"]) for e in mesh.c.events("job_started")
+               if e["job"] == "g" and e["attempt"] == attempt}
+        fenced = {(e["node"], e["token"]) for e in mesh.c.events("job_killed")
+                  if e["job"] == "g" and e["detail"].startswith("lease deadline passed")}
+        assert ran & fenced, (attempt, ran, fenced)  # the other rank may have seen its
+        # peer go first, or not have started yet
+    final = f"attempt-{done.attempt}.log"
+    rank0 = mesh.c.node(done.nodes[0]).data_dir / "jobs" / "g" / final
     first = json.loads(rank0.read_text().splitlines()[0])
     assert first["message"].startswith("resumed from step") and first["step"] >= 30, first
     # meshctl shows every node of the gang, and reads another rank's log from its node.
@@ -74,9 +85,9 @@ def test_a_gang_runs_its_ranks_in_ring_order_and_moves_as_one(
     base = ["--admin", seed.admin, "--creds", str(mesh.c.admin_creds), "jobs"]
     capsys.readouterr()
     assert ctl.main([*base, "get", "g"]) == 0
-    assert f"on {','.join(moved.nodes)} " in capsys.readouterr().out
-    assert ctl.main([*base, "logs", "g", "--node", moved.nodes[1]]) == 0
+    assert f"on {','.join(done.nodes)} " in capsys.readouterr().out
+    assert ctl.main([*base, "logs", "g", "--node", done.nodes[1]]) == 0
     out = capsys.readouterr()
-    assert f"attempt-2.log on {moved.nodes[1]}" in out.err and '"comm"' in out.out, out.err
+    assert f"{final} on {done.nodes[1]}" in out.err and '"comm"' in out.out, out.err
     print(f"\ngang {ring} -> {list(moved.nodes)}: running again {failover:.2f}s after the "
           f"kill, resumed from step {first['step']}")

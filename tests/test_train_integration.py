@@ -251,6 +251,25 @@ def test_leader_killed_mid_placement_frozen_trainer_and_drain(
     call(mesh.c, n4, "CancelJob", admin_pb2.JobRequest(id="frozen"), 5)
     wait_job(mesh, n4, "frozen", lambda s: s.state == "cancelled", 20, "frozen cancelled")
 
+    # The placements leader stalls longer than a lease runs: the renewal stuck there is
+    # hedged through the other coordinators, so the job never stops.  (CI once lost a gang's
+    # lease to a 4.6 s leader stall; without hedged renewals this failed 2 runs of 2.)
+    submit(mesh, n4, canary("stall", tmp_path, 60.0))
+    wait_job(mesh, n4, "stall", lambda s: s.state == "running", 20, "stall running")
+    time.sleep(1.0)
+    stalled = placements_leader(mesh)
+    stalled.stop()
+    try:
+        time.sleep(TTL + 1.0)
+    finally:
+        stalled.cont()
+    s = wait_job(mesh, n4, "stall", lambda s: s.state == "running", 10, "stall still running")
+    assert s.attempt == 1 and len(runs(tmp_path / "stall")) == 1, s
+    assert not any(e["detail"].startswith("lease deadline") for e in mesh.c.events("job_killed")
+                   if e["job"] == "stall")
+    call(mesh.c, n4, "CancelJob", admin_pb2.JobRequest(id="stall"), 5)
+    wait_job(mesh, n4, "stall", lambda s: s.state == "cancelled", 20, "stall cancelled")
+
     # Drain with on_drain: migrate - SIGTERM, a checkpoint at the step it was at, resumed on
     # the other trainer from that step.
     mig = json.loads(spec("mig", tmp_path, steps=600, step_seconds=0.03, checkpoint_every=200))

@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,6 +130,27 @@ def test_a_snapshot_restores_the_same_table() -> None:
     assert copy.owner == t.owner and copy.leases == t.leases
 
 
+def test_an_unanswered_renewal_is_hedged_and_any_grant_counts_from_its_own_send() -> None:
+    k = LeaseKeeper(token=1, ttl=5.0, margin=1.0, hedge_after=1.0)
+    k.sent(0.0)
+    k.granted(sent_at=0.0)
+    assert k.deadline == 4.0 and k.in_flight == []
+    due = k.renew_at(0.5)
+    assert due == pytest.approx(4.0 - 4.0 * 2 / 3)  # a third into the period
+    k.sent(due)  # ... and it hangs at a stalled coordinator
+    assert k.renew_at(due + 0.1) == due + 1.0  # another, a second later
+    k.sent(due + 1.0)
+    k.sent(due + 2.0)
+    assert k.renew_at(due + 2.5) == math.inf  # MAX_IN_FLIGHT out: wait for one to end
+    k.refused("no_leader", due + 1.0)  # a voter mid-election says so at once
+    assert k.renew_at(due + 2.5) == due + 3.0 and k.may_run(due + 2.5)
+    k.granted(sent_at=due + 2.0)  # the hedge got through: counted from its own send
+    assert k.deadline == due + 2.0 + 4.0 and k.in_flight == [due]
+    k.unanswered(due)  # the stuck one timed out at last
+    k.unanswered(due)  # (an answer for a renewal it no longer waits on changes nothing)
+    assert k.in_flight == [] and k.renew_at(due + 3.0) == pytest.approx(k.deadline - 8 / 3)
+
+
 def test_the_keeper_runs_only_after_a_granted_renewal_and_stops_on_its_own() -> None:
     k = LeaseKeeper(token=1, ttl=10.0, margin=1.0)
     assert not k.may_run(0.0) and k.renew_at(0.0) == 0.0
@@ -155,7 +177,6 @@ class Trainer:
     offset: float  # its monotonic clock = real time + offset
     keepers: dict[Part, LeaseKeeper] = field(default_factory=dict)
     gpus: dict[Part, tuple[str, ...]] = field(default_factory=dict)
-    sending: set[Part] = field(default_factory=set)
     cut_until: float = 0.0  # partitioned from the coordinators until then (real time)
 
 
@@ -219,20 +240,20 @@ def simulate(seed: int, seconds: float = 20.0, gangs: bool = False) -> int:
 
     def renew(t: Trainer, part: Part, k: LeaseKeeper, real: float) -> None:
         sent = real + t.offset
-        t.sending.add(part)
+        k.sent(sent)
 
         def at_leader(real: float) -> None:
             r = commit(real, {"op": "renew", "job": part[0], "node": part[1], "token": k.token,
                               "progress": 0.1})
 
             def reply(real: float) -> None:
-                t.sending.discard(part)
                 if r["ok"]:
                     k.granted(sent_at=sent)
                 else:
-                    k.refused(r["error"])
+                    k.refused(r["error"], sent)
             later(net(t, real), reply, real)
         later(net(t, real), at_leader, real)
+        later(1.5, lambda real: k.unanswered(sent), real)  # the RPC's deadline
 
     def release(t: Trainer, part: Part, k: LeaseKeeper, real: float) -> None:
         """The rank exited: the part stops at once; the release may be lost."""
@@ -240,9 +261,6 @@ def simulate(seed: int, seconds: float = 20.0, gangs: bool = False) -> int:
         later(net(t, real), lambda real: commit(real, {
             "op": "release", "job": part[0], "node": part[1], "token": k.token,
             "outcome": "done"}) and None, real)
-
-    def lost_renewals(t: Trainer, part: Part) -> Callable[[float], None]:
-        return lambda real: t.sending.discard(part)
 
     real = 0.0
     while real < seconds:
@@ -263,9 +281,8 @@ def simulate(seed: int, seconds: float = 20.0, gangs: bool = False) -> int:
                     del t.keepers[part]  # the rank was killed
                 elif gangs and k.may_run(mono) and rng.random() < 0.002:
                     release(t, part, k, real)
-                elif mono >= k.renew_at(mono) and part not in t.sending:
+                elif mono >= k.renew_at(mono):  # hedged, as the trainer does
                     renew(t, part, k, real)
-                    later(1.5, lost_renewals(t, part), real)  # give up waiting for a reply
         running: dict[tuple[str, str], Part] = {}
         for t in trainers:
             mono = real + t.offset

@@ -373,6 +373,14 @@ def _error(code: str, field: str, message: str) -> dict[str, Any]:
     return {"ok": False, "error": code, "field": field, "message": message}
 
 
+HEDGE_AFTER = 1.0
+"""Seconds a renewal may go unanswered before :class:`LeaseKeeper` sends another.  A healthy
+placements group commits in milliseconds, and a voter that knows there is no leader says so
+at once; this is well inside the 4 s a default lease (5 s ttl, 1 s margin) runs per grant."""
+MAX_IN_FLIGHT = 3
+"""Unanswered renewals a keeper lets out at once."""
+
+
 class LeaseKeeper:
     """The trainer's side of one lease: when to renew, and when to stop the job on its own.
 
@@ -385,36 +393,69 @@ class LeaseKeeper:
     The trainer learns of a grant from the table, with no send time of its own to count
     from, so it starts the job only after its first renewal is granted: that renewal is the
     "first progress" the grant's ``start_timeout`` waits for.
+
+    **Hedged renewals.**  A renewal can hang at a coordinator that stalled (a paused VM, a
+    long GC) with its connection still up, until its RPC deadline - longer than the slack
+    before the keeper's deadline.  So while one is unanswered for ``hedge_after`` seconds
+    another goes out (the forwarding layer sends it to another coordinator: see
+    ``ControlPlane._pick_coordinator``), up to :data:`MAX_IN_FLIGHT`.  Safety is unchanged:
+    each grant counts from the sending of the renewal it answers.
     """
 
-    def __init__(self, token: int, ttl: float, margin: float = 1.0) -> None:
+    def __init__(self, token: int, ttl: float, margin: float = 1.0,
+                 hedge_after: float = HEDGE_AFTER) -> None:
         if not 0 <= margin < ttl:
             raise ValueError("margin must be >= 0 and shorter than ttl")
         self.token = token
         self.ttl = ttl
         self.margin = margin
+        self.hedge_after = hedge_after
         self.deadline = -math.inf
         """Until when (trainer clock) the job may run on what the table has granted."""
         self.fenced = False
         """The table refused a renewal (``fenced``/``expired``): stop for good."""
+        self.in_flight: list[float] = []
+        """Send times of the renewals not answered yet."""
 
     def may_run(self, now: float) -> bool:
         return not self.fenced and now < self.deadline
 
     def renew_at(self, now: float) -> float:
         """When to send the next renewal: at once before the first grant, then a third of the
-        way into each granted period, so two more tries fit before the deadline."""
-        if self.deadline == -math.inf:
-            return now
-        return self.deadline - (self.ttl - self.margin) * 2 / 3
+        way into each granted period, so two more tries fit before the deadline; while one is
+        unanswered, ``hedge_after`` after the latest sent."""
+        if len(self.in_flight) >= MAX_IN_FLIGHT:
+            return math.inf
+        due = now if self.deadline == -math.inf else (
+            self.deadline - (self.ttl - self.margin) * 2 / 3)
+        if self.in_flight:
+            due = max(due, max(self.in_flight) + self.hedge_after)
+        return due
+
+    def sent(self, now: float) -> None:
+        """A renewal went out at ``now``; each one ends in :meth:`granted`, :meth:`refused` or
+        :meth:`unanswered` with the same time."""
+        self.in_flight.append(now)
 
     def granted(self, sent_at: float) -> None:
         """The table granted a renewal sent at ``sent_at``."""
+        self._answered(sent_at)
         if not self.fenced:
             self.deadline = max(self.deadline, sent_at + self.ttl - self.margin)
 
-    def refused(self, error: str) -> None:
+    def refused(self, error: str, sent_at: float | None = None) -> None:
         """The table refused a renewal; ``fenced`` and ``expired`` end the lease for good (other
-        errors - no quorum, a timeout - leave the deadline as it is)."""
+        errors - no quorum, no leader - leave the deadline as it is)."""
+        if sent_at is not None:
+            self._answered(sent_at)
         if error in ("fenced", "expired"):
             self.fenced = True
+
+    def unanswered(self, sent_at: float) -> None:
+        """The renewal sent at ``sent_at`` got no answer (an error, a timeout): it may still be
+        applied, which only ever extends the table's expiry."""
+        self._answered(sent_at)
+
+    def _answered(self, sent_at: float) -> None:
+        if sent_at in self.in_flight:
+            self.in_flight.remove(sent_at)

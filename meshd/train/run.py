@@ -94,7 +94,7 @@ class JobRun:
         """Why the table refused the first renewal (the lease was never ours to run)."""
         self.gang_stop = ""
         """Why the gang is ending (another rank's part ended or lapsed): stop ours too."""
-        self._renewal: asyncio.Task[None] | None = None
+        self._renewals: set[asyncio.Task[None]] = set()
         self._next_try = 0.0
         self._reader: asyncio.Task[None] | None = None
         tracer = service.tracer
@@ -126,9 +126,15 @@ class JobRun:
             if k is not None and not k.may_run(now):
                 self.kill("lease deadline passed without a granted renewal")
                 return "cut off"
-            due = k.renew_at(now) if k is not None else self._next_try
-            if now >= due and (self._renewal is None or self._renewal.done()):
-                self._renewal = asyncio.create_task(self._renew(now))
+            # Before the first grant there is no keeper: one renewal at a time.
+            due = (max(k.renew_at(now), self._next_try) if k is not None
+                   else self._next_try if not self._renewals else math.inf)
+            if now >= due:
+                if k is not None:
+                    k.sent(now)
+                task = asyncio.create_task(self._renew(now))
+                self._renewals.add(task)
+                task.add_done_callback(self._renewals.discard)
             if self.proc is None and k is not None and k.may_run(now):
                 if self.cancel:
                     await self._release("cancelled", "cancelled before it started")
@@ -211,6 +217,8 @@ class JobRun:
         try:
             result = await self.service.write(cmd)
         except ConsensusError as exc:
+            if self.keeper is not None:
+                self.keeper.unanswered(sent)
             self._next_try = time.monotonic() + RETRY
             log.info("lease renewal failed", extra={"event": "lease_renew_failed",
                                                     "job": self.name, "detail": str(exc)})
@@ -228,7 +236,7 @@ class JobRun:
             if self.keeper is None:
                 self.refused = error
             else:
-                self.keeper.refused(error)
+                self.keeper.refused(error, sent)
             if error not in ("fenced", "expired"):
                 self._next_try = time.monotonic() + RETRY
             log.warning("lease renewal refused", extra={
