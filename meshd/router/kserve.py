@@ -61,11 +61,11 @@ NO_SERVER_METHODS = {
 }
 
 
-
 def _code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     """The status an aborted call ended with."""
     code = context.code()  # type: ignore[attr-defined]
     return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+
 
 class Schemas:
     """Model configs (as validation schemas), fetched from a ready replica and cached."""

@@ -126,9 +126,10 @@ class JobRun:
             if k is not None and not k.may_run(now):
                 self.kill("lease deadline passed without a granted renewal")
                 return "cut off"
-            # Before the first grant there is no keeper: one renewal at a time.
-            due = (max(k.renew_at(now), self._next_try) if k is not None
-                   else self._next_try if not self._renewals else math.inf)
+            if k is None:  # before the first grant: one renewal at a time
+                due = math.inf if self._renewals else self._next_try
+            else:
+                due = max(k.renew_at(now), self._next_try)
             if now >= due:
                 if k is not None:
                     k.sent(now)
