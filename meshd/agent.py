@@ -44,7 +44,7 @@ from meshd.rbac import KeyLoadError, PolicyError
 from meshd.router import server as router_server
 from meshd.router.auth import TokenFileError
 from meshd.router.counters import RouterCounters, WorkerCounters
-from meshd.router.kserve import KServeRouter
+from meshd.router.gateway import Gateway
 from meshd.router.pool import WorkerPool
 from meshd.router.scoring import LocalScoring
 from meshd.router.traces import request_tracer
@@ -157,7 +157,8 @@ class Agent:
         self.security = Security(Path(settings.data_path()), settings.node, dev=settings.dev,
                                  ca_dir=settings.ca_dir, join_token=settings.join_token,
                                  trust_domain=settings.trust_domain, encrypt=settings.encrypt,
-                                 cert_lifetime=settings.cert_lifetime)
+                                 cert_lifetime=settings.cert_lifetime,
+                                 cert_names=settings.cert_names)
         self._publish_now = asyncio.Event()
         self.signals = SignalPlane(
             settings.node, triton=[TritonEndpoint.parse(t) for t in settings.triton],
@@ -183,7 +184,7 @@ class Agent:
                              quota_share=self._quota_share)
         self._score: object | None = None
         self._router: object | None = None
-        self.router: KServeRouter | None = None
+        self.router: Gateway | None = None
         """The KServe router (``--role router``), once started."""
         self.router_workers: WorkerPool | None = None
         """Router worker processes sharing its port (``--router-workers``)."""

@@ -25,6 +25,8 @@ from proto.mesh.v1 import score_pb2, score_pb2_grpc
 
 MAX_TEXT = 256
 MAX_EXCLUDE = 64
+MAX_SEQUENCE = 1024
+"""Characters of a sequence key (model, version and a string sequence id)."""
 MAX_PAYLOAD = 1 << 40
 MAX_BATCH = 4096
 """Reports in one ``OutcomeBatch``."""
@@ -50,6 +52,12 @@ def _text(value: str, field: str, required: bool = False) -> str:
     return value
 
 
+def _sequence(value: str) -> str:
+    if len(value) > MAX_SEQUENCE:
+        raise FieldError("sequence", f"must be at most {MAX_SEQUENCE} characters")
+    return value
+
+
 def _seconds(value: float, field: str) -> float:
     if not math.isfinite(value) or value < 0 or value > 86400:
         raise FieldError(field, "must be a number of seconds in [0, 86400]")
@@ -68,7 +76,9 @@ def score_request(msg: score_pb2.ScoreRequest) -> ScoreRequest:
                         slo_class=_text(msg.slo_class, "slo_class"),
                         deadline=_seconds(msg.deadline_seconds, "deadline_seconds"),
                         exclude=frozenset(_text(e, "exclude") for e in msg.exclude),
-                        idempotent=msg.idempotent)
+                        idempotent=msg.idempotent,
+                        sequence=_sequence(msg.sequence),
+                        sequence_start=msg.sequence_start, sequence_end=msg.sequence_end)
 
 
 def target_pb(c: Choice) -> score_pb2.Target:
@@ -85,7 +95,7 @@ def score_reply(scored: Scored) -> score_pb2.ScoreReply:
         verdict=score_pb2.Verdict(admit=v.admit, reason=v.reason,
                                   retry_after_seconds=v.retry_after),
         hedge_after_seconds=scored.hedge_after, decision_id=scored.decision_id,
-        strategy=scored.strategy, degraded=scored.degraded)
+        strategy=scored.strategy, degraded=scored.degraded, walk=scored.walk)
 
 
 def scored_of(reply: score_pb2.ScoreReply) -> Scored:
@@ -93,7 +103,7 @@ def scored_of(reply: score_pb2.ScoreReply) -> Scored:
     v = reply.verdict
     return Scored([choice_of(t) for t in reply.targets],
                   Verdict(v.admit, v.reason, v.retry_after_seconds), reply.hedge_after_seconds,
-                  reply.decision_id, reply.strategy, reply.degraded)
+                  reply.decision_id, reply.strategy, reply.degraded, reply.walk)
 
 
 def choice_of(t: score_pb2.Target) -> Choice:

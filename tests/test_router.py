@@ -162,9 +162,10 @@ def test_tritonclient_through_the_router_gets_what_it_gets_directly(
     index = via.get_model_repository_index(as_json=True)["models"]
     assert {(m["name"], m["state"]) for m in index} == {("add_sub", "READY"),
                                                        ("delay", "READY")}
-    assert "meshd-router" in via.get_server_metadata(as_json=True)["name"]
-    with pytest.raises(InferenceServerException, match="shared memory is local"):
-        via.get_system_shared_memory_status()
+    fleet, one = via.get_server_metadata(as_json=True), direct.get_server_metadata(as_json=True)
+    assert (fleet["name"], fleet["version"]) == (one["name"], one["version"])
+    assert "sequence" in fleet["extensions"] and "statistics" in fleet["extensions"]
+    assert set(fleet["extensions"]) <= set(one["extensions"])
 
 
 def test_a_bad_request_is_rejected_naming_the_tensor_without_calling_triton(

@@ -24,9 +24,12 @@ from opentelemetry.trace import SpanKind
 from meshd.router.traces import RequestTrace, SpanRecord
 from meshd.router.upstream import Upstreams
 from meshd.score.scorer import Choice, Status
+from meshd.score.sequences import NOT_HELD
 
 FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
                             grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+START_RETRY = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+"""Errors after which a sequence's START may go to the next replica: it was never taken."""
 STATUS_OF = {grpc.StatusCode.UNAVAILABLE: Status.UNAVAILABLE,
              grpc.StatusCode.RESOURCE_EXHAUSTED: Status.OVERLOADED,
              grpc.StatusCode.DEADLINE_EXCEEDED: Status.TIMEOUT,
@@ -248,3 +251,52 @@ def _error(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.CANCELLED, "cancelled"
     return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
 
+
+
+async def dispatch_sequence(raw: bytes, targets: Sequence[Choice], *, walk: bool, start: bool,
+                            upstreams: Upstreams, report: Report, clock: Callable[[], float],
+                            deadline: float | None, metadata: Sequence[tuple[str, str]],
+                            tally: Tally, trace: RequestTrace | None,
+                            lost: Callable[[str], str]) -> bytes:
+    """Send a request of a stateful sequence (:mod:`meshd.score.sequences`): never hedged, and
+    tried elsewhere only where that cannot split the sequence's state - a START the replica
+    could not take (unreachable, or it shed it), or, on a ``walk``, a replica answering that
+    it does not hold the sequence.  A sequence whose replica is unreachable mid-sequence is
+    lost: ABORTED, with ``lost(where)`` naming it."""
+    last = len(targets) - 1
+    for i, choice in enumerate(targets):
+        started = clock()
+        if deadline is not None and started >= deadline:
+            report("", 0.0, Status.TIMEOUT, False, True)
+            raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"deadline exceeded after trying {i} replica(s)")
+        span, md = attempt_span(trace, choice, False, metadata)
+        call = upstreams.unary(choice.endpoint, "ModelInfer")(
+            raw, timeout=None if deadline is None else deadline - started,
+            metadata=md or None)
+        try:
+            reply: bytes = await call
+        except asyncio.CancelledError:  # the client went away
+            call.cancel()
+            report(choice.replica, clock() - started, Status.CANCELLED, False, True)
+            _end(span, Status.CANCELLED)
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
+            code, details = _error(exc)
+            status = STATUS_OF.get(code, Status.ERROR)
+            _end(span, status, f"{code.name}: {details}")
+            not_held = code == grpc.StatusCode.INVALID_ARGUMENT and NOT_HELD in details
+            if i < last and ((walk and not_held) or (start and code in START_RETRY)):
+                tally.failovers += 1
+                continue  # nothing changed there: the next replica may hold or take it
+            report(choice.replica, clock() - started, Status.ERROR if not_held else status,
+                   False, True)
+            if code == grpc.StatusCode.UNAVAILABLE and not start and not walk:
+                raise Failed(grpc.StatusCode.ABORTED,
+                             lost(f" on node {choice.node} ({choice.endpoint})")) from None
+            raise Failed(code, details) from None
+        report(choice.replica, clock() - started, Status.OK, False, True)
+        _end(span, Status.OK)
+        return reply
+    report("", 0.0, Status.ERROR, False, True)
+    raise Failed(grpc.StatusCode.UNAVAILABLE, "no replica could take the sequence's request")

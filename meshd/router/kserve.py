@@ -1,17 +1,20 @@
-"""The router's ingress: Triton's ``GRPCInferenceService`` (KServe v2 gRPC), so existing
+"""The router's gRPC ingress: Triton's ``GRPCInferenceService`` (KServe v2 gRPC), so existing
 tritonclient code works unchanged when pointed at the router.
 
-- ``ModelInfer``: parsed once to validate it against the model's config (a mismatch is
-  INVALID_ARGUMENT naming the tensor, and Triton is never called) and to size it for the
-  scorer; then the client's bytes go to the scored target as they are, hedged and failed
-  over by :mod:`meshd.router.dispatch`.  A shed request is RESOURCE_EXHAUSTED with a
+This module is the protocol's shell over :class:`~meshd.router.gateway.Gateway`, which does
+the work: it authenticates the caller, parses what it must, and turns a
+:class:`~meshd.router.gateway.RouterError` into the call's status.
+
+- ``ModelInfer``: parsed once (validation, sizing, sequence affinity), then the client's bytes
+  go to the chosen replica as they are.  A shed request is RESOURCE_EXHAUSTED with a
   ``retry-after-ms`` trailer, at once: never a timeout.
-- ``ModelStreamInfer``: one replica per stream (session stickiness), chosen when the first
-  message arrives; messages pass through in both directions.
-- ``ServerLive``/``ServerReady``/``ModelReady`` and ``RepositoryIndex`` are answered from the
-  mesh view; ``ModelMetadata``/``ModelConfig`` are relayed to a ready replica.
-- Repository control, shared memory, tracing and log settings act on one server; through a
-  router they would act on an arbitrary replica, so they are UNIMPLEMENTED, saying so.
+- ``ModelStreamInfer``: each message routed where it belongs (see ``Gateway.stream``).
+- ``ModelStatistics`` is summed over the model's replicas; ``ServerMetadata`` is the fleet's
+  Triton with the extensions the router serves; ``RepositoryIndex`` covers the whole mesh;
+  ``ModelMetadata``/``ModelConfig`` are relayed to a ready replica.
+- System shared memory is served by :mod:`meshd.router.shm` (regions on the router's host).
+- Repository control, CUDA shared memory, trace and log settings act on one server; through a
+  router they would act on an arbitrary replica, so they are UNIMPLEMENTED, saying why.
 
 Deadlines propagate (the client's, less the time spent here), and so does the W3C trace
 context (``traceparent``, ``tracestate``).
@@ -20,44 +23,34 @@ context (``traceparent``, ``tracestate``).
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from meshd import __version__, tracing
+from meshd import tracing
 from meshd.router.auth import SLO_HEADER, ClientAuth, Unauthenticated
-from meshd.router.counters import RouterCounters
-from meshd.router.dispatch import Failed, Tally, attempt_span, dispatch
-from meshd.router.scoring import Scoring, ScoringUnavailable
-from meshd.router.traces import RequestTrace, RequestTracer
-from meshd.router.upstream import Upstreams
-from meshd.router.validate import InvalidRequest, ModelSchema, validate
-from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
-
-log = logging.getLogger("meshd.router")
-T = TypeVar("T")
+from meshd.router.gateway import Caller, Gateway, RouterError
+from meshd.router.traces import RequestTrace
 
 PASS_HEADERS = tracing.HEADERS
-SCHEMA_TTL = 60.0
-"""Seconds a model's config is trusted before it is fetched again."""
-CONFIG_TIMEOUT = 5.0
 NO_SERVER_METHODS = {
-    "RepositoryModelLoad": "repository control acts on one server; use that server",
-    "RepositoryModelUnload": "repository control acts on one server; use that server",
-    "SystemSharedMemoryStatus": "shared memory is local to one server",
-    "SystemSharedMemoryRegister": "shared memory is local to one server",
-    "SystemSharedMemoryUnregister": "shared memory is local to one server",
-    "CudaSharedMemoryStatus": "shared memory is local to one server",
-    "CudaSharedMemoryRegister": "shared memory is local to one server",
-    "CudaSharedMemoryUnregister": "shared memory is local to one server",
+    "RepositoryModelLoad": "repository control acts on one server; model placement across "
+                           "the mesh is meshd's (ModelPin policies), not a client's call",
+    "RepositoryModelUnload": "repository control acts on one server; model placement across "
+                             "the mesh is meshd's (ModelPin policies), not a client's call",
+    "CudaSharedMemoryStatus": "CUDA shared memory lives in one GPU server's device memory; "
+                              "a router cannot read or write it (use system shared memory or "
+                              "send tensors in the request)",
+    "CudaSharedMemoryRegister": "CUDA shared memory lives in one GPU server's device memory; "
+                                "a router cannot read or write it (use system shared memory "
+                                "or send tensors in the request)",
+    "CudaSharedMemoryUnregister": "CUDA shared memory lives in one GPU server's device "
+                                  "memory; a router cannot read or write it",
     "TraceSetting": "trace settings act on one server; the router traces with OTLP",
     "LogSettings": "log settings act on one server",
-    "ModelStatistics": "statistics are per server; read the mesh's Prometheus metrics",
 }
 
 
@@ -67,60 +60,22 @@ def _code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
 
 
-class Schemas:
-    """Model configs (as validation schemas), fetched from a ready replica and cached."""
-
-    def __init__(self, upstreams: Upstreams) -> None:
-        self.upstreams = upstreams
-        self._cache: dict[tuple[str, str], tuple[float, ModelSchema]] = {}
-        self._config = service_pb2.ModelConfigRequest
-
-    def cached(self, model: str, version: str, now: float) -> ModelSchema | None:
-        hit = self._cache.get((model, version))
-        return hit[1] if hit is not None and now - hit[0] < SCHEMA_TTL else None
-
-    async def get(self, model: str, version: str, endpoints: list[str],
-                  now: float) -> ModelSchema | None:
-        hit = self._cache.get((model, version))
-        if hit is not None and now - hit[0] < SCHEMA_TTL:
-            return hit[1]
-        req = self._config(name=model, version=version).SerializeToString()
-        for endpoint in endpoints:
-            try:
-                raw = await self.upstreams.unary(endpoint, "ModelConfig")(
-                    req, timeout=CONFIG_TIMEOUT)
-                cfg = service_pb2.ModelConfigResponse.FromString(raw).config
-                schema = ModelSchema.from_config(cfg)
-            except (grpc.aio.AioRpcError, DecodeError, ValueError) as exc:
-                log.debug("cannot fetch model config", extra={
-                    "event": "model_config_failed", "model": model, "endpoint": endpoint,
-                    "detail": str(exc)})
-                continue
-            if len(self._cache) > 4096:
-                self._cache.clear()
-            self._cache[(model, version)] = (now, schema)
-            return schema
-        return hit[1] if hit is not None else None
+async def _abort(context: grpc.aio.ServicerContext, err: RouterError) -> NoReturn:
+    if err.retry_after is not None:
+        context.set_trailing_metadata((("retry-after-ms",
+                                        str(max(1, round(err.retry_after * 1000)))),))
+    await context.abort(err.code, err.message)
+    raise AssertionError("unreachable")
 
 
-class KServeRouter:
-    """The ``inference.GRPCInferenceService`` handlers over a scorer, in this process or
-    the agent's (:mod:`meshd.router.scoring`)."""
+class KServeService:
+    """The ``inference.GRPCInferenceService`` handlers over a :class:`Gateway`."""
 
-    def __init__(self, scoring: Scoring, clock: Callable[[], float], auth: ClientAuth,
-                 *, node: str = "meshd", max_bytes: int = 64 << 20) -> None:
-        self.scoring = scoring
-        self.clock = clock
+    def __init__(self, gateway: Gateway, auth: ClientAuth) -> None:
+        self.gateway = gateway
         self.auth = auth
-        self.node = node
-        self.max_bytes = max_bytes
-        self.upstreams = Upstreams()
-        self.schemas = Schemas(self.upstreams)
-        self.counters = RouterCounters()
-        self.tracer: RequestTracer | None = None
-        """Set when tracing is on (:mod:`meshd.tracing`): each sampled request is a trace."""
-
-    # --- wiring -------------------------------------------------------------------------------
+        self.shm: Any = None
+        """System shared memory regions (:class:`meshd.router.shm.Regions`), when served."""
 
     def handler(self) -> grpc.GenericRpcHandler:
         svc = service_pb2
@@ -134,28 +89,27 @@ class KServeRouter:
             "ModelReady": self._typed(self.model_ready, svc.ModelReadyRequest),
             "ServerMetadata": self._typed(self.server_metadata, svc.ServerMetadataRequest),
             "RepositoryIndex": self._typed(self.repository_index, svc.RepositoryIndexRequest),
+            "ModelStatistics": self._typed(self.model_statistics, svc.ModelStatisticsRequest),
         }
         for name, why in NO_SERVER_METHODS.items():
             handlers[name] = grpc.unary_unary_rpc_method_handler(_unimplemented(name, why))
         return grpc.method_handlers_generic_handler("inference.GRPCInferenceService", handlers)
 
     def _typed(self, fn: Callable[..., Any], request_type: Any) -> grpc.RpcMethodHandler:
-        """A handler for a parsed request, callable only by an authenticated client."""
+        """A handler for a parsed request, callable only by an authenticated client; a
+        :class:`RouterError` ends the call with its status."""
         async def handler(req: Any, context: grpc.aio.ServicerContext) -> Any:
             await self._caller(context)
-            return await fn(req, context)
+            try:
+                return await fn(req, context)
+            except RouterError as err:
+                await _abort(context, err)
         return grpc.unary_unary_rpc_method_handler(
             handler, request_deserializer=request_type.FromString,
             response_serializer=lambda m: m.SerializeToString())
 
-    async def close(self) -> None:
-        await self.upstreams.close()
-        await self.scoring.close()
-
-    # --- inference ----------------------------------------------------------------------------
-
     async def _caller(self, context: grpc.aio.ServicerContext,
-                      counted: bool = False) -> tuple[str, str, list[Any]]:
+                      counted: bool = False) -> Caller:
         """Tenant, SLO class and the metadata to pass on; UNAUTHENTICATED (counted as a
         failed request when ``counted``) for a caller the router does not accept."""
         md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
@@ -163,10 +117,12 @@ class KServeRouter:
             tenant = self.auth.tenant(md, context)
         except Unauthenticated as exc:
             if counted:
-                self._failed("UNAUTHENTICATED")
+                self.gateway.failed("UNAUTHENTICATED")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         passed = [(k, v) for k, v in md.items() if k in PASS_HEADERS]
-        return tenant, md.get(SLO_HEADER, ""), passed
+        return Caller(tenant, md.get(SLO_HEADER, ""), passed)
+
+    # --- inference ----------------------------------------------------------------------------
 
     async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """One request.  Every path out of here counts it exactly once as completed, failed,
@@ -175,15 +131,30 @@ class KServeRouter:
         The request is a trace when tracing is on and the sampler keeps it (its context read
         from the client's trace headers, which ``_caller`` picks out); otherwise ``rt`` is None
         and the client's context passes on as it is."""
-        c = self.counters
+        gw = self.gateway
+        c = gw.counters
         c.requests += 1
         rt: RequestTrace | None = None
         try:
             caller = await self._caller(context, counted=True)
-            tracer = self.tracer
+            tracer = gw.tracer
             if tracer is not None:
-                rt = tracer.start("router ModelInfer", caller[2])
-            reply = await self._model_infer(raw, context, caller, rt)
+                rt = tracer.start("router ModelInfer", caller.passed)
+            try:
+                req = service_pb2.ModelInferRequest.FromString(raw)
+            except DecodeError:
+                c.invalid += 1
+                raise RouterError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  "request is not a ModelInferRequest") from None
+            shm = self.shm
+            if shm is not None and shm.used_by(req):
+                reply = await shm.infer(req, caller, context.time_remaining(), rt)
+            else:
+                reply = await gw.infer(raw, req, caller, context.time_remaining(), rt)
+        except RouterError as err:
+            if rt is not None:
+                rt.finish(err.code.name, {"rpc.grpc.status_code": err.code.value[0]})
+            await _abort(context, err)
         except grpc.aio.AbortError:
             if rt is not None:
                 code = _code(context)
@@ -198,133 +169,22 @@ class KServeRouter:
             rt.finish()
         return reply
 
-    async def _model_infer(self, raw: bytes, context: grpc.aio.ServicerContext,
-                           caller: tuple[str, str, list[Any]],
-                           rt: RequestTrace | None) -> bytes:
-        c = self.counters
-        tenant, slo, passed = caller
-        try:
-            req = service_pb2.ModelInferRequest.FromString(raw)
-        except DecodeError:
-            c.invalid += 1
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "request is not a ModelInferRequest")
-        now = self.clock()
-        model, version = req.model_name, req.model_version
-        schema = await self._schema(context, model, version, now)
-        if schema is None:
-            self._failed("no_targets")
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"no ready replica of model {model!r} in the mesh")
-        assert schema is not None
-        try:
-            payload = validate(req, schema, self.max_bytes)
-        except InvalidRequest as exc:
-            c.invalid += 1
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        remaining = context.time_remaining()
-        request = ScoreRequest(model, version, payload, tenant, slo,
-                               deadline=remaining if remaining is not None else 0.0)
-        scored = await self._score(context, request, rt)
-        v = scored.verdict
-        if not v.admit:
-            c.shed[v.reason] = c.shed.get(v.reason, 0) + 1
-            code = (grpc.StatusCode.UNAVAILABLE if v.reason == "no_targets"
-                    else grpc.StatusCode.RESOURCE_EXHAUSTED)
-            context.set_trailing_metadata((("retry-after-ms",
-                                            str(max(1, round(v.retry_after * 1000)))),))
-            await context.abort(code, f"shed: {v.reason}; retry after {v.retry_after:.3f} s")
-        c.admitted += 1
-        did = scored.decision_id
-        scoring = self.scoring
-        clock = self.clock
-
-        def report(replica: str, latency: float, status: Status, hedge: bool,
-                   last: bool) -> None:
-            scoring.report(did, replica, latency, status, hedge=hedge, last=last)
-
-        def hedge_to(replica: str) -> Awaitable[Choice | None]:
-            return scoring.hedge_target(did, replica)
-
-        tally = Tally()
-        try:
-            reply = await dispatch(raw, "ModelInfer", scored.targets, scored.hedge_after,
-                                   upstreams=self.upstreams, report=report, clock=clock,
-                                   deadline=None if remaining is None else now + remaining,
-                                   metadata=passed, tally=tally, hedge_to=hedge_to,
-                                   trace=rt)
-        except Failed as exc:
-            self._failed(exc.code.name)
-            await context.abort(exc.code, exc.details)
-        finally:
-            c.hedged += tally.hedged
-            c.hedge_won += tally.hedge_won
-            c.failovers += tally.failovers
-        c.completed += 1
-        return reply
-
-    async def _score(self, context: grpc.aio.ServicerContext, req: ScoreRequest,
-                     rt: RequestTrace | None) -> Scored:
-        """The scorer's decision (a "score" span of ``rt`` when traced)."""
-        span = None if rt is None else rt.child("score", attributes={"meshd.model": req.model})
-        try:
-            scored = await self.scoring.score(req)
-        except ScoreError as exc:
-            self.counters.invalid += 1
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except ScoringUnavailable as exc:
-            self._failed("scorer_unavailable")
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        if span is not None:
-            span.attributes.update({"meshd.strategy": scored.strategy,
-                                    "meshd.targets": len(scored.targets)})
-            if not scored.verdict.admit:
-                span.attributes["meshd.shed"] = scored.verdict.reason
-            span.end()
-        return scored
-
-    async def _ask(self, context: grpc.aio.ServicerContext, call: Awaitable[T]) -> T:
-        """A scorer call off the hot path; an unreachable scorer is UNAVAILABLE."""
-        try:
-            return await call
-        except ScoringUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        raise AssertionError("unreachable")
-
-    def _failed(self, why: str) -> None:
-        failed = self.counters.failed
-        failed[why] = failed.get(why, 0) + 1
-
-    async def _schema(self, context: grpc.aio.ServicerContext, model: str, version: str,
-                      now: float) -> ModelSchema | None:
-        if not model:
-            return None
-        schema = self.schemas.cached(model, version, now)
-        if schema is not None:
-            return schema
-        try:
-            weights = await self.scoring.weights(model, version)
-        except ScoringUnavailable as exc:
-            self._failed("scorer_unavailable")
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        endpoints = [c.endpoint for c, _ in sorted(weights, key=lambda x: -x[1])][:3]
-        return await self.schemas.get(model, version, endpoints, now)
-
     async def model_stream_infer(self, requests: AsyncIterator[bytes],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """One replica per stream, chosen by the first message's model; traced (when sampled)
-        as the stream's span, its score decision, and the Triton stream."""
-        self.counters.streams += 1
+        """Traced (when sampled) as the stream's span, its score decisions, and the Triton
+        streams."""
+        gw = self.gateway
         caller = await self._caller(context)
-        tracer = self.tracer
-        rt = tracer.start("router ModelStreamInfer", caller[2]) if tracer is not None else None
+        tracer = gw.tracer
+        rt = tracer.start("router ModelStreamInfer", caller.passed) if tracer is not None \
+            else None
         error = ""
         try:
-            async for reply in self._stream(requests, context, caller, rt):
+            async for reply in gw.stream(requests, caller, rt):
                 yield reply
-        except grpc.aio.AbortError:
-            error = _code(context).name
-            raise
+        except RouterError as err:
+            error = err.code.name
+            await _abort(context, err)
         except asyncio.CancelledError:
             error = "CANCELLED"
             raise
@@ -332,55 +192,7 @@ class KServeRouter:
             if rt is not None:
                 rt.finish(error)
 
-    async def _stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
-                      caller: tuple[str, str, list[Any]],
-                      rt: RequestTrace | None) -> AsyncIterator[bytes]:
-        tenant, slo, passed = caller
-        first = await anext(aiter(requests), None)
-        if first is None:
-            return
-        try:
-            req = service_pb2.ModelInferRequest.FromString(first)
-        except DecodeError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "first message is not a ModelInferRequest")
-        scored = await self._score(context, ScoreRequest(
-            req.model_name, req.model_version, len(first), tenant, slo, idempotent=False), rt)
-        v = scored.verdict
-        if not v.admit:
-            code = (grpc.StatusCode.UNAVAILABLE if v.reason == "no_targets"
-                    else grpc.StatusCode.RESOURCE_EXHAUSTED)
-            await context.abort(code, f"shed: {v.reason}; retry after {v.retry_after:.3f} s")
-        target = scored.targets[0]
-        span, metadata = attempt_span(rt, target, False, passed, "triton ModelStreamInfer")
-        started = time.monotonic()
-
-        async def upstream_requests() -> AsyncIterator[bytes]:
-            yield first
-            async for msg in requests:
-                yield msg
-
-        call = self.upstreams.stream(target.endpoint)(upstream_requests(),
-                                                      metadata=metadata or None)
-        status = Status.OK
-        try:
-            async for reply in call:
-                yield reply
-        except grpc.aio.AioRpcError as exc:
-            status = Status.UNAVAILABLE if exc.code() == grpc.StatusCode.UNAVAILABLE \
-                else Status.ERROR
-            await context.abort(exc.code(), exc.details() or exc.code().name)
-        except asyncio.CancelledError:
-            status = Status.CANCELLED
-            call.cancel()
-            raise
-        finally:
-            self.scoring.report(scored.decision_id, target.replica,
-                                time.monotonic() - started, status, last=True)
-            if span is not None:
-                span.end("" if status == Status.OK else status.name)
-
-    # --- relayed metadata ---------------------------------------------------------------------
+    # --- about models and the fleet -----------------------------------------------------------
 
     async def _relay(self, raw: bytes, method: str, request_type: Any,
                      context: grpc.aio.ServicerContext) -> bytes:
@@ -390,22 +202,11 @@ class KServeRouter:
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"request is not a {request_type.__name__}")
-        weights = await self._ask(context, self.scoring.weights(req.name, req.version))
-        if not weights:
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"no ready replica of model {req.name!r} in the mesh")
-        last: grpc.aio.AioRpcError | None = None
-        for choice, _ in sorted(weights, key=lambda x: -x[1])[:3]:
-            try:
-                return await self.upstreams.unary(choice.endpoint, method)(  # type: ignore[no-any-return]
-                    raw, timeout=context.time_remaining() or CONFIG_TIMEOUT)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    await context.abort(exc.code(), exc.details() or exc.code().name)
-                last = exc
-        assert last is not None
-        await context.abort(last.code(), last.details() or "no replica answered")
-        raise AssertionError("unreachable")
+        try:
+            return await self.gateway.relay(method, req.name, req.version, raw,
+                                            context.time_remaining())
+        except RouterError as err:
+            await _abort(context, err)
 
     async def model_metadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return await self._relay(raw, "ModelMetadata", service_pb2.ModelMetadataRequest,
@@ -414,32 +215,24 @@ class KServeRouter:
     async def model_config(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return await self._relay(raw, "ModelConfig", service_pb2.ModelConfigRequest, context)
 
-    # --- answered from the mesh view ----------------------------------------------------------
-
     async def server_live(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
 
     async def server_ready(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Ready when some model can be routed."""
-        models = await self._ask(context, self.scoring.models())
-        return service_pb2.ServerReadyResponse(ready=any(models.values()))
+        return service_pb2.ServerReadyResponse(ready=await self.gateway.server_ready())
 
     async def model_ready(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
-        weights = await self._ask(context, self.scoring.weights(req.name, req.version))
-        return service_pb2.ModelReadyResponse(ready=bool(weights))
+        ready = await self.gateway.model_ready(req.name, req.version)
+        return service_pb2.ModelReadyResponse(ready=ready)
 
     async def server_metadata(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
-        return service_pb2.ServerMetadataResponse(name=f"meshd-router ({self.node})",
-                                                  version=__version__, extensions=[])
+        return await self.gateway.server_metadata()
 
     async def repository_index(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Every model version any node serves: READY where a routable replica is."""
-        seen = await self._ask(context, self.scoring.models())
-        index = [service_pb2.RepositoryIndexResponse.ModelIndex(
-            name=m, version=v, state="READY" if ok else "UNAVAILABLE",
-            reason="" if ok else "no routable replica")
-            for (m, v), ok in sorted(seen.items()) if ok or not req.ready]
-        return service_pb2.RepositoryIndexResponse(models=index)
+        return await self.gateway.repository_index(req.ready)
+
+    async def model_statistics(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.gateway.statistics(req.name, req.version)
 
 
 def _unimplemented(name: str, why: str) -> Callable[..., Any]:
@@ -448,4 +241,3 @@ def _unimplemented(name: str, why: str) -> Callable[..., Any]:
                                                            f"{why}")
         raise AssertionError("unreachable")
     return handler
-

@@ -147,7 +147,8 @@ class RemoteScoring:
         msg = score_pb2.ScoreRequest(
             model=req.model, revision=req.revision, payload_bytes=req.payload_bytes,
             tenant=req.tenant, slo_class=req.slo_class, deadline_seconds=req.deadline,
-            exclude=list(req.exclude), idempotent=req.idempotent)
+            exclude=list(req.exclude), idempotent=req.idempotent, sequence=req.sequence,
+            sequence_start=req.sequence_start, sequence_end=req.sequence_end)
         kind, payload = await self._call(score_link.SCORE, msg.SerializeToString())
         if kind == score_link.ERROR:
             field, _, message = payload.decode(errors="replace").partition(": ")

@@ -3,7 +3,7 @@
 The router in the agent's own process calls the :class:`~meshd.score.scorer.Scorer` directly
 (:class:`LocalScoring`).  Router worker processes sharing the port ask the agent over its
 score API (:class:`meshd.router.remote_scoring.RemoteScoring`).  One interface lets the same
-:class:`~meshd.router.kserve.KServeRouter` serve either way; the calls are coroutines because
+:class:`~meshd.router.gateway.Gateway` serve either way; the calls are coroutines because
 the remote ones are, and an in-process coroutine costs about a microsecond.
 """
 

@@ -15,7 +15,8 @@ import grpc
 from certs import tls
 from certs.verify import PeerVerifier
 from meshd.router.auth import ClientAuth, load_tokens
-from meshd.router.kserve import KServeRouter
+from meshd.router.gateway import Gateway
+from meshd.router.kserve import KServeService
 from meshd.router.scoring import Scoring
 from meshd.router.upstream import MAX_MESSAGE
 
@@ -24,17 +25,19 @@ async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, i
                 dev: bool, identity: Callable[[], object], tokens_file: str = "",
                 node: str = "meshd", reuse_port: bool = False,
                 verifier: PeerVerifier | None = None
-                ) -> tuple[grpc.aio.Server, KServeRouter, str]:
-    """The started server, its router, and the address it is bound to.  ``reuse_port`` lets
-    worker processes share the port (the kernel spreads connections over them)."""
+                ) -> tuple[grpc.aio.Server, Gateway, str]:
+    """The started server, the router's gateway, and the address it is bound to.
+    ``reuse_port`` lets worker processes share the port (the kernel spreads connections over
+    them)."""
     tokens = load_tokens(Path(tokens_file)) if tokens_file else None
     auth = ClientAuth(dev=dev, tokens=tokens, verifier=verifier)
-    router = KServeRouter(scoring, clock, auth, node=node)
+    router = Gateway(scoring, clock, node=node)
+    service = KServeService(router, auth)
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.max_receive_message_length", MAX_MESSAGE),
         ("grpc.max_send_message_length", MAX_MESSAGE)])
-    server.add_generic_rpc_handlers((router.handler(),))
+    server.add_generic_rpc_handlers((service.handler(),))
     host, port = addr
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

@@ -37,6 +37,10 @@ class Decision:
     outcome is reported (only that report gives back the target's hedge count)."""
     first_open: bool = True
     """The first target's slot is still held."""
+    sequence: str = ""
+    """The stateful sequence the request belongs to: where it is answered is where the
+    sequence lives (:mod:`meshd.score.sequences`)."""
+    sequence_end: bool = False
 
 
 class Decisions:

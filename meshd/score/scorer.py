@@ -41,6 +41,7 @@ from meshd.score.config import DEFAULT_ROUTING, RoutingConfig, ScoreConfig
 from meshd.score.decisions import Decision, Decisions
 from meshd.score.hedging import hedge_after
 from meshd.score.limiter import AdaptiveLimit, LimiterConfig
+from meshd.score.sequences import SequenceTable, rendezvous
 from meshd.score.shadow import ShadowStats
 from meshd.score.strategies import FALLBACK, default_registry
 from meshd.score.strategy import Context, Registry, Strategy
@@ -95,6 +96,11 @@ class ScoreRequest:
     exclude: Collection[str] = ()
     """Replica keys or node names not to return."""
     idempotent: bool = True
+    sequence: str = ""
+    """A stateful sequence's key (:func:`meshd.score.sequences.sequence_key`): the request
+    goes where the sequence lives."""
+    sequence_start: bool = False
+    sequence_end: bool = False
 
 
 @dataclass(slots=True)
@@ -120,6 +126,9 @@ class Scored:
     decision_id: int = 0
     strategy: str = ""
     degraded: bool = False
+    walk: bool = False
+    """A sequence's request with no known home: ``targets`` is the order to try, moving on
+    only when a replica answers that it does not hold the sequence."""
 
 
 @dataclass(slots=True)
@@ -209,6 +218,10 @@ def _observe(timings: dict[Any, Timing], key: Any, seconds: float) -> None:
     timing.observe(seconds)
 
 
+def _key_of(t: Target) -> str:
+    return t.key
+
+
 def _choice(t: Target) -> Choice:
     return Choice(t.node, t.endpoint, t.key, t.version, t.zone, t.p_seconds, t.rtt,
                   t.p_queue, t.p_service)
@@ -248,6 +261,7 @@ class Scorer:
         self.tenants = TenantGate(lambda t: policy("TenantQuota", t), policy_version,
                                   quota_share)
         self.decisions = Decisions(self.config.max_open_decisions, self._expire)
+        self.sequences = SequenceTable()
         self._models: dict[str, ModelState] = {}
         self._strategies: dict[str, Strategy | None] = {}
         self._routing: dict[str, tuple[int, RoutingConfig]] = {}
@@ -377,6 +391,7 @@ class Scorer:
 
     def score(self, req: ScoreRequest, now: float) -> Scored:
         self.decisions.sweep(now)
+        self.sequences.sweep(now)
         if not req.model or len(req.model) > MAX_TEXT:
             raise ScoreError("model", f"must be 1-{MAX_TEXT} characters")
         slo = self._slo(req.slo_class)
@@ -385,6 +400,8 @@ class Scorer:
         if req.deadline < 0 or not math.isfinite(req.deadline):
             raise ScoreError("deadline", "must be a finite number of seconds >= 0")
         routing = self.routing(req.model)
+        if req.sequence:
+            return self._score_sequence(req, slo, deadline, routing, now)
         targets, degraded = self.candidates(req, routing, now)
         counters = self.counters
         if not targets:
@@ -429,6 +446,75 @@ class Scorer:
         self.decisions.add(d)
         self.fused.observe_start(first.key, now)
         return Scored([_choice(t) for t in ranked], ADMIT, delay, d.id, used, degraded)
+
+    def _score_sequence(self, req: ScoreRequest, slo: dict[str, Any] | None,
+                        deadline: float | None, routing: RoutingConfig,
+                        now: float) -> Scored:
+        """A request of a stateful sequence: its one target is where the sequence lives (see
+        :mod:`meshd.score.sequences`); admitted like any request, never hedged."""
+        counters = self.counters
+        key = req.sequence
+        table = self.sequences
+        walk = False
+        rec = None if req.sequence_start else table.get(key, now)
+        if rec is not None:
+            home = self.table.replica(rec.node, rec.replica)
+            if home is None:
+                table.end(key)
+                counters.shed["sequence_lost"] += 1
+                return Scored([Choice(rec.node, rec.endpoint, rec.replica, req.revision, "",
+                                      0.0, 0.0, 0.0, 0.0)],
+                              Verdict(False, "sequence_lost", 0.0))
+            order = [home]
+        else:
+            eligible = [t for t in self.table.targets(req.model, now).eligible
+                        if not req.revision or t.version == req.revision]
+            order = rendezvous(key, eligible, _key_of)
+            walk = not req.sequence_start
+            if not order:
+                counters.shed["no_targets"] += 1
+                return Scored([], Verdict(False, "no_targets",
+                                          self.config.retry_after_bounds[1]))
+        units = work_units(req.payload_bytes)
+        predict_all(order, units, now)
+        tenant = self.tenants.state(req.tenant, now)
+        priority = slo["shed_priority"] if slo else tenant.priority
+        first = order[:1]
+        verdict, _ = self._admit_targets(req, first, order, tenant, priority, deadline,
+                                         routing, now)
+        if not verdict.admit:
+            counters.shed[verdict.reason] += 1
+            return Scored([_choice(t) for t in order], verdict, strategy="sequence")
+        counters.decisions["sequence"] += 1
+        ms = self._models[req.model]
+        ms.budget.on_request()
+        head = order[0]
+        c = 1 / head.stats.correction
+        d = Decision(self.decisions.next_id(), req.model, tenant, ms.gate, head.stats,
+                     head.key, {t.key: (t.rtt, (t.p_queue + t.p_service) * c) for t in order},
+                     units, now, now + (deadline or self.config.decision_ttl)
+                     + self.config.expiry_grace, sequence=key,
+                     sequence_end=req.sequence_end)
+        self.decisions.add(d)
+        self.fused.observe_start(head.key, now)
+        if req.sequence_start and not req.sequence_end:
+            table.put(key, head.key, head.node, head.endpoint, now)
+        return Scored([_choice(t) for t in order], ADMIT, 0.0, d.id, "sequence", walk=walk)
+
+    def _sequence_answered(self, d: Decision, replica: str, now: float) -> None:
+        """``replica`` answered a request of ``d``'s sequence: the sequence lives there (or,
+        after its END, nowhere)."""
+        if d.sequence_end:
+            self.sequences.end(d.sequence)
+            return
+        home = self.table.by_key.get(replica)
+        if home is None:
+            for node in self.fused.nodes:
+                home = self.table.replica(node, replica)
+                if home is not None:
+                    break
+        if home is not None:
+            self.sequences.put(d.sequence, replica, home.node, home.endpoint, now)
 
     @staticmethod
     def _sent(ranked: list[Target], i: int, now: float) -> Target:
@@ -579,6 +665,11 @@ class Scorer:
                 d.first.limit.forget()
             else:
                 d.first.limit.release(latency, status in DROPPED, now)
+        if d.sequence and replica:
+            if ok:
+                self._sequence_answered(d, replica, now)
+            elif d.sequence_end and last:
+                self.sequences.end(d.sequence)
         if last:
             self.decisions.close(d.id)
             self._release(d)

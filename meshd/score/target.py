@@ -336,6 +336,22 @@ class TargetTable:
             st = self.stats[key] = self.new_stats()
         return st
 
+    def replica(self, node: str, key: str) -> Target | None:
+        """Replica ``key`` on ``node`` while it is ready, whatever the node's flags and pins
+        (a sequence it holds finishes there); None once it is gone or not ready."""
+        entry = self.fused.nodes.get(node)
+        if entry is None:
+            return None
+        for rep in entry.signals.replicas:
+            if rep.key == key:
+                if not rep.ready:
+                    return None
+                t = self.by_key.get(key)
+                if t is None or t.node != node:
+                    t = self._target(node, rep, entry.signals, _spu_of(rep))
+                return t
+        return None
+
     def _build(self, model: str, gen: tuple[int, int], now: float) -> ModelTargets:
         """The model's targets built whole from every node."""
         nodes = {node: self._node_targets(model, node, entry)

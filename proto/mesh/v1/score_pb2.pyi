@@ -23,7 +23,7 @@ OUTCOME_CANCELLED: OutcomeStatus
 OUTCOME_OVERLOADED: OutcomeStatus
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("model", "revision", "payload_bytes", "tenant", "slo_class", "deadline_seconds", "exclude", "idempotent")
+    __slots__ = ("model", "revision", "payload_bytes", "tenant", "slo_class", "deadline_seconds", "exclude", "idempotent", "sequence", "sequence_start", "sequence_end")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,9 @@ class ScoreRequest(_message.Message):
     DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_START_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_END_FIELD_NUMBER: _ClassVar[int]
     model: str
     revision: str
     payload_bytes: int
@@ -40,7 +43,10 @@ class ScoreRequest(_message.Message):
     deadline_seconds: float
     exclude: _containers.RepeatedScalarFieldContainer[str]
     idempotent: bool
-    def __init__(self, model: _Optional[str] = ..., revision: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., deadline_seconds: _Optional[float] = ..., exclude: _Optional[_Iterable[str]] = ..., idempotent: _Optional[bool] = ...) -> None: ...
+    sequence: str
+    sequence_start: bool
+    sequence_end: bool
+    def __init__(self, model: _Optional[str] = ..., revision: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., deadline_seconds: _Optional[float] = ..., exclude: _Optional[_Iterable[str]] = ..., idempotent: _Optional[bool] = ..., sequence: _Optional[str] = ..., sequence_start: _Optional[bool] = ..., sequence_end: _Optional[bool] = ...) -> None: ...
 
 class Target(_message.Message):
     __slots__ = ("node", "endpoint", "replica", "version", "predicted_seconds", "rtt_seconds", "queue_seconds", "service_seconds", "zone")
@@ -75,20 +81,22 @@ class Verdict(_message.Message):
     def __init__(self, admit: _Optional[bool] = ..., reason: _Optional[str] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
 
 class ScoreReply(_message.Message):
-    __slots__ = ("targets", "verdict", "hedge_after_seconds", "decision_id", "strategy", "degraded")
+    __slots__ = ("targets", "verdict", "hedge_after_seconds", "decision_id", "strategy", "degraded", "walk")
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     HEDGE_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    WALK_FIELD_NUMBER: _ClassVar[int]
     targets: _containers.RepeatedCompositeFieldContainer[Target]
     verdict: Verdict
     hedge_after_seconds: float
     decision_id: int
     strategy: str
     degraded: bool
-    def __init__(self, targets: _Optional[_Iterable[_Union[Target, _Mapping]]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., hedge_after_seconds: _Optional[float] = ..., decision_id: _Optional[int] = ..., strategy: _Optional[str] = ..., degraded: _Optional[bool] = ...) -> None: ...
+    walk: bool
+    def __init__(self, targets: _Optional[_Iterable[_Union[Target, _Mapping]]] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., hedge_after_seconds: _Optional[float] = ..., decision_id: _Optional[int] = ..., strategy: _Optional[str] = ..., degraded: _Optional[bool] = ..., walk: _Optional[bool] = ...) -> None: ...
 
 class OutcomeReport(_message.Message):
     __slots__ = ("decision_id", "replica", "latency_seconds", "status", "bytes", "hedge", "last")

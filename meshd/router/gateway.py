@@ -1,0 +1,586 @@
+"""What the router does with a Triton call, whichever protocol carried it.
+
+The gRPC ingress (:mod:`meshd.router.kserve`) and the HTTP/REST ingress
+(:mod:`meshd.router.http`) authenticate the caller and turn their protocol into a KServe v2
+``ModelInferRequest`` (and back); everything between is here: the model's config (for
+validation) and what it means when no replica has the model, validation, sequence affinity,
+scoring and admission, dispatch with hedging and failover, streams, and the calls that
+Triton answers about the whole server (statistics, metadata, repository index), answered for
+the whole fleet.  A refusal is a :class:`RouterError` carrying the gRPC status Triton would use
+and its message; each ingress renders it in its own protocol.
+
+Errors follow Triton's wording where a client may look for it: an unknown model is NOT_FOUND
+"Request for unknown model: 'x' is not found" (UNAVAILABLE only for a model the mesh knows
+with no ready replica), and validation messages are Triton's own (:mod:`meshd.router.validate`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2
+
+from meshd import __version__
+from meshd.router import statistics
+from meshd.router.counters import RouterCounters
+from meshd.router.dispatch import Failed, Tally, attempt_span, dispatch, dispatch_sequence
+from meshd.router.scoring import Scoring, ScoringUnavailable
+from meshd.router.traces import RequestTrace, RequestTracer
+from meshd.router.upstream import Upstreams
+from meshd.router.validate import InvalidRequest, ModelSchema, validate
+from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
+from meshd.score.sequences import sequence_key
+
+log = logging.getLogger("meshd.router")
+
+SCHEMA_TTL = 60.0
+"""Seconds a model's config is trusted before it is fetched again."""
+CONFIG_TIMEOUT = 5.0
+"""Seconds a call the router makes for itself (a config, statistics, metadata) may take."""
+FLEET_TTL = 10.0
+"""Seconds the fleet's server metadata is reused."""
+EXTENSIONS = ("classification", "sequence", "model_configuration", "system_shared_memory",
+              "binary_tensor_data", "parameters", "statistics", "schedule_policy")
+"""Triton extensions the router serves for the fleet (repository control and CUDA shared
+memory act on one server, trace and log settings too: not through a router)."""
+
+
+class RouterError(Exception):
+    """A call the router answers with an error: the gRPC status and message Triton would give
+    (``retry_after`` seconds for a shed request)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+
+@dataclass(slots=True)
+class Caller:
+    """Who is calling: the tenant, its SLO class and the trace headers to pass on."""
+
+    tenant: str
+    slo: str
+    passed: list[tuple[str, str]]
+
+
+def unknown_model(model: str, version: str) -> RouterError:
+    """Triton's answer for a model no server has."""
+    which = f"'{model}' version {version}" if version else f"'{model}'"
+    return RouterError(grpc.StatusCode.NOT_FOUND, f"Request for unknown model: {which} is not "
+                                                  "found")
+
+
+def sequence_of(req: service_pb2.ModelInferRequest) -> tuple[int | str, bool, bool] | None:
+    """``(sequence_id, start, end)`` of a request in a stateful sequence, or None (Triton: an
+    id of 0 or "" is no sequence)."""
+    params = req.parameters
+    if not params or "sequence_id" not in params:
+        return None
+    p = params["sequence_id"]
+    which = p.WhichOneof("parameter_choice")
+    sid: int | str
+    if which == "string_param":
+        sid = p.string_param
+    elif which in ("int64_param", "uint64_param"):
+        sid = getattr(p, which)
+    else:
+        return None
+    if not sid:
+        return None
+    start = "sequence_start" in params and params["sequence_start"].bool_param
+    end = "sequence_end" in params and params["sequence_end"].bool_param
+    return sid, start, end
+
+
+class Schemas:
+    """Model configs (as validation schemas), fetched from a ready replica and cached."""
+
+    def __init__(self, upstreams: Upstreams) -> None:
+        self.upstreams = upstreams
+        self._cache: dict[tuple[str, str], tuple[float, ModelSchema]] = {}
+
+    def cached(self, model: str, version: str, now: float) -> ModelSchema | None:
+        hit = self._cache.get((model, version))
+        return hit[1] if hit is not None and now - hit[0] < SCHEMA_TTL else None
+
+    async def get(self, model: str, version: str, endpoints: list[str],
+                  now: float) -> ModelSchema | None:
+        hit = self._cache.get((model, version))
+        if hit is not None and now - hit[0] < SCHEMA_TTL:
+            return hit[1]
+        req = service_pb2.ModelConfigRequest(name=model, version=version).SerializeToString()
+        for endpoint in endpoints:
+            try:
+                raw = await self.upstreams.unary(endpoint, "ModelConfig")(
+                    req, timeout=CONFIG_TIMEOUT)
+                cfg = service_pb2.ModelConfigResponse.FromString(raw).config
+                schema = ModelSchema.from_config(cfg)
+            except (grpc.aio.AioRpcError, DecodeError, ValueError) as exc:
+                log.debug("cannot fetch model config", extra={
+                    "event": "model_config_failed", "model": model, "endpoint": endpoint,
+                    "detail": str(exc)})
+                continue
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[(model, version)] = (now, schema)
+            return schema
+        return hit[1] if hit is not None else None
+
+
+def _shed(scored: Scored, model: str, seq: tuple[int | str, bool, bool] | None) -> RouterError:
+    v = scored.verdict
+    if v.reason == "sequence_lost" and seq is not None:
+        lost = scored.targets[0] if scored.targets else None
+        where = f" on node {lost.node} ({lost.endpoint})" if lost is not None else ""
+        return RouterError(grpc.StatusCode.ABORTED, lost_sequence(seq[0], model, where))
+    code = (grpc.StatusCode.UNAVAILABLE if v.reason == "no_targets"
+            else grpc.StatusCode.RESOURCE_EXHAUSTED)
+    return RouterError(code, f"shed: {v.reason}; retry after {v.retry_after:.3f} s",
+                       v.retry_after)
+
+
+def lost_sequence(sid: int | str, model: str, where: str) -> str:
+    return (f"sequence {sid!r} of model '{model}' was lost: the replica that held it{where} "
+            "is no longer available; start the sequence again")
+
+
+class Gateway:
+    """The router's work on Triton calls, over a scorer in this process or the agent's
+    (:mod:`meshd.router.scoring`)."""
+
+    def __init__(self, scoring: Scoring, clock: Callable[[], float], *, node: str = "meshd",
+                 max_bytes: int = 64 << 20) -> None:
+        self.scoring = scoring
+        self.clock = clock
+        self.node = node
+        self.max_bytes = max_bytes
+        self.upstreams = Upstreams()
+        self.schemas = Schemas(self.upstreams)
+        self.counters = RouterCounters()
+        self.tracer: RequestTracer | None = None
+        """Set when tracing is on (:mod:`meshd.tracing`): each sampled request is a trace."""
+        self._fleet: tuple[float, service_pb2.ServerMetadataResponse] | None = None
+
+    async def close(self) -> None:
+        await self.upstreams.close()
+        await self.scoring.close()
+
+    # --- inference ----------------------------------------------------------------------------
+
+    def failed(self, why: str) -> None:
+        failed = self.counters.failed
+        failed[why] = failed.get(why, 0) + 1
+
+    async def infer(self, raw: bytes, req: service_pb2.ModelInferRequest, caller: Caller,
+                    remaining: float | None, rt: RequestTrace | None) -> bytes:
+        """The reply bytes (a ``ModelInferResponse``) for one request (``raw`` is ``req``
+        serialized), or :class:`RouterError`.  Counts the request as it ends: completed,
+        failed, shed or invalid (the ingress counts it received, and cancelled)."""
+        c = self.counters
+        now = self.clock()
+        model, version = req.model_name, req.model_version
+        schema = await self._schema(model, version, now)
+        try:
+            payload = validate(req, schema, self.max_bytes)
+        except InvalidRequest as exc:
+            c.invalid += 1
+            raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        seq = sequence_of(req)
+        request = ScoreRequest(model, version, payload, caller.tenant, caller.slo,
+                               deadline=remaining if remaining is not None else 0.0)
+        if seq is not None:
+            request.idempotent = False
+            request.sequence = sequence_key(model, version, seq[0])
+            request.sequence_start, request.sequence_end = seq[1], seq[2]
+        scored = await self.score(request, rt)
+        if not scored.verdict.admit:
+            err = _shed(scored, model, seq)
+            c.shed[scored.verdict.reason] = c.shed.get(scored.verdict.reason, 0) + 1
+            raise err
+        c.admitted += 1
+        did = scored.decision_id
+        scoring = self.scoring
+
+        def report(replica: str, latency: float, status: Status, hedge: bool,
+                   last: bool) -> None:
+            scoring.report(did, replica, latency, status, hedge=hedge, last=last)
+
+        def hedge_to(replica: str) -> Awaitable[Choice | None]:
+            return scoring.hedge_target(did, replica)
+
+        tally = Tally()
+        deadline = None if remaining is None else now + remaining
+        try:
+            if seq is None:
+                reply = await dispatch(raw, "ModelInfer", scored.targets, scored.hedge_after,
+                                       upstreams=self.upstreams, report=report,
+                                       clock=self.clock, deadline=deadline,
+                                       metadata=caller.passed, tally=tally, hedge_to=hedge_to,
+                                       trace=rt)
+            else:
+                reply = await dispatch_sequence(
+                    raw, scored.targets, walk=scored.walk, start=seq[1],
+                    upstreams=self.upstreams, report=report, clock=self.clock,
+                    deadline=deadline, metadata=caller.passed, tally=tally, trace=rt,
+                    lost=lambda where: lost_sequence(seq[0], model, where))
+        except Failed as exc:
+            self.failed(exc.code.name)
+            raise RouterError(exc.code, exc.details) from None
+        finally:
+            c.hedged += tally.hedged
+            c.hedge_won += tally.hedge_won
+            c.failovers += tally.failovers
+        c.completed += 1
+        return reply
+
+    async def score(self, req: ScoreRequest, rt: RequestTrace | None) -> Scored:
+        """The scorer's decision (a "score" span of ``rt`` when traced)."""
+        span = None if rt is None else rt.child("score", attributes={"meshd.model": req.model})
+        try:
+            scored = await self.scoring.score(req)
+        except ScoreError as exc:
+            self.counters.invalid += 1
+            raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        except ScoringUnavailable as exc:
+            self.failed("scorer_unavailable")
+            raise RouterError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+        if span is not None:
+            span.attributes.update({"meshd.strategy": scored.strategy,
+                                    "meshd.targets": len(scored.targets)})
+            if not scored.verdict.admit:
+                span.attributes["meshd.shed"] = scored.verdict.reason
+            span.end()
+        return scored
+
+    async def ask(self, call: Awaitable[Any]) -> Any:
+        """A scorer call off the hot path; an unreachable scorer is UNAVAILABLE."""
+        try:
+            return await call
+        except ScoringUnavailable as exc:
+            raise RouterError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+
+    async def _schema(self, model: str, version: str, now: float) -> ModelSchema:
+        """The model's schema, or the error Triton would give for a model it cannot serve
+        (counted as a failed request)."""
+        schema = self.schemas.cached(model, version, now)
+        if schema is not None:
+            return schema
+        try:
+            endpoints = await self._endpoints(model, version)
+            if endpoints:
+                schema = await self.schemas.get(model, version, endpoints[:3], now)
+            if schema is None:
+                raise await self._missing(model, version)
+        except RouterError as exc:
+            self.failed("no_targets" if exc.code != grpc.StatusCode.UNAVAILABLE
+                        or "no ready replica" in exc.message else "scorer_unavailable")
+            raise
+        return schema
+
+    async def _endpoints(self, model: str, version: str) -> list[str]:
+        """The model's routable replicas' endpoints, best first."""
+        if not model:
+            return []
+        weights = await self.ask(self.scoring.weights(model, version))
+        return [c.endpoint for c, _ in sorted(weights, key=lambda x: -x[1])]
+
+    async def _missing(self, model: str, version: str) -> RouterError:
+        """NOT_FOUND for a model (version) no node reports; UNAVAILABLE for one that is known
+        with no ready replica."""
+        known = await self.ask(self.scoring.models())
+        if any(m == model and (not version or v == version) for m, v in known):
+            return RouterError(grpc.StatusCode.UNAVAILABLE,
+                               f"no ready replica of model '{model}' in the mesh")
+        return unknown_model(model, version)
+
+    # --- streams ------------------------------------------------------------------------------
+
+    async def stream(self, requests: AsyncIterator[bytes], caller: Caller,
+                     rt: RequestTrace | None) -> AsyncIterator[bytes]:
+        """``ModelStreamInfer``: each message goes where it belongs - a sequence's to the
+        replica that holds it, the others to the replica this stream chose for their model
+        at its first message - over one upstream stream per replica; the replies come back
+        merged as they arrive.  A message the router refuses (invalid, unknown model, shed)
+        gets an error reply on the stream, as Triton answers one it refuses; an upstream
+        stream that fails ends the stream with its status."""
+        self.counters.streams += 1
+        relay = _StreamRelay(self, caller, rt)
+        async for reply in relay.run(requests):
+            yield reply
+
+    # --- about the fleet ----------------------------------------------------------------------
+
+    async def relay(self, method: str, name: str, version: str, raw: bytes,
+                    timeout: float | None) -> bytes:
+        """A per-model call (``ModelMetadata``, ``ModelConfig``) relayed to a ready
+        replica."""
+        endpoints = await self._endpoints(name, version)
+        if not endpoints:
+            raise await self._missing(name, version)
+        last: grpc.aio.AioRpcError | None = None
+        for endpoint in endpoints[:3]:
+            try:
+                return await self.upstreams.unary(endpoint, method)(  # type: ignore[no-any-return]
+                    raw, timeout=timeout or CONFIG_TIMEOUT)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise RouterError(exc.code(), exc.details() or exc.code().name) from None
+                last = exc
+        assert last is not None
+        raise RouterError(last.code(), last.details() or "no replica answered")
+
+    async def statistics(self, name: str, version: str) -> service_pb2.ModelStatisticsResponse:
+        """Triton's statistics summed over the replicas (of ``name``, or of every model when
+        it is empty): they are cumulative counters, so the sum is the fleet's."""
+        if name:
+            endpoints = await self._endpoints(name, version)
+            if not endpoints:
+                raise RouterError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"requested model '{name}' is not available")
+        else:
+            models = await self.ask(self.scoring.models())
+            seen: dict[str, None] = {}
+            for m, v in models:
+                for endpoint in await self._endpoints(m, v):
+                    seen[endpoint] = None
+            endpoints = list(seen)
+        raw = service_pb2.ModelStatisticsRequest(name=name, version=version).SerializeToString()
+        replies = await asyncio.gather(*(self.upstreams.unary(e, "ModelStatistics")(
+            raw, timeout=CONFIG_TIMEOUT) for e in dict.fromkeys(endpoints)),
+            return_exceptions=True)
+        good = [service_pb2.ModelStatisticsResponse.FromString(r) for r in replies
+                if isinstance(r, bytes)]
+        if not good:
+            err = next((r for r in replies if isinstance(r, grpc.aio.AioRpcError)), None)
+            if err is not None and err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise RouterError(err.code(), err.details() or err.code().name)
+            if name:
+                raise RouterError(grpc.StatusCode.UNAVAILABLE,
+                                  f"no replica of model '{name}' answered for its statistics")
+        return statistics.combine(good)
+
+    async def server_metadata(self) -> service_pb2.ServerMetadataResponse:
+        """The fleet's Triton name and version (from a replica, cached a few seconds) with the
+        extensions the router serves; without any replica, the router's own."""
+        now = self.clock()
+        fleet = self._fleet
+        if fleet is not None and now - fleet[0] < FLEET_TTL:
+            return fleet[1]
+        models = await self.ask(self.scoring.models())
+        answer: service_pb2.ServerMetadataResponse | None = None
+        for m, v in sorted(models, key=lambda mv: not models[mv]):
+            for endpoint in (await self._endpoints(m, v))[:2]:
+                try:
+                    raw = await self.upstreams.unary(endpoint, "ServerMetadata")(
+                        service_pb2.ServerMetadataRequest().SerializeToString(),
+                        timeout=CONFIG_TIMEOUT)
+                    answer = service_pb2.ServerMetadataResponse.FromString(raw)
+                    break
+                except (grpc.aio.AioRpcError, DecodeError):
+                    continue
+            if answer is not None:
+                break
+        if answer is None:
+            return service_pb2.ServerMetadataResponse(name="triton", version="",
+                                                      extensions=list(EXTENSIONS))
+        theirs = set(answer.extensions)
+        out = service_pb2.ServerMetadataResponse(
+            name=answer.name, version=answer.version,
+            extensions=[e for e in EXTENSIONS if e in theirs])
+        self._fleet = (now, out)
+        return out
+
+    async def repository_index(self, ready: bool) -> service_pb2.RepositoryIndexResponse:
+        """Every model version any node serves: READY where a routable replica is."""
+        seen = await self.ask(self.scoring.models())
+        index = [service_pb2.RepositoryIndexResponse.ModelIndex(
+            name=m, version=v, state="READY" if ok else "UNAVAILABLE",
+            reason="" if ok else "no routable replica")
+            for (m, v), ok in sorted(seen.items()) if ok or not ready]
+        return service_pb2.RepositoryIndexResponse(models=index)
+
+    async def server_ready(self) -> bool:
+        """Ready when some model can be routed."""
+        models = await self.ask(self.scoring.models())
+        return any(models.values())
+
+    async def model_ready(self, name: str, version: str) -> bool:
+        return bool(await self._endpoints(name, version))
+
+    @property
+    def version(self) -> str:
+        return __version__
+
+
+class _StreamRelay:
+    """One ``ModelStreamInfer`` stream: the messages routed one by one, the replies of every
+    upstream stream merged (see :meth:`Gateway.stream`)."""
+
+    def __init__(self, gateway: Gateway, caller: Caller, rt: RequestTrace | None) -> None:
+        self.gw = gateway
+        self.caller = caller
+        self.rt = rt
+        self.out: asyncio.Queue[bytes | RouterError | None] = asyncio.Queue()
+        self.upstreams: dict[str, _Upstream] = {}
+        self.homes: dict[tuple[str, str], tuple[Choice, int]] = {}
+        """(model, version) -> the replica this stream sends that model to, and its
+        decision (reported when the stream ends)."""
+        self.started = time.monotonic()
+        self.status = Status.OK
+
+    async def run(self, requests: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        pump = asyncio.ensure_future(self._pump(requests))
+        try:
+            while True:
+                item = await self.out.get()
+                if item is None:
+                    break
+                if isinstance(item, RouterError):
+                    self.status = Status.ERROR
+                    raise item
+                yield item
+            await pump
+        except asyncio.CancelledError:
+            self.status = Status.CANCELLED
+            raise
+        finally:
+            pump.cancel()
+            for up in self.upstreams.values():
+                up.close(cancel=self.status != Status.OK)
+            await asyncio.gather(pump, *(u.task for u in self.upstreams.values()),
+                                 return_exceptions=True)
+            latency = time.monotonic() - self.started
+            for choice, did in self.homes.values():
+                self.gw.scoring.report(did, choice.replica, latency, self.status, last=True)
+
+    async def _pump(self, requests: AsyncIterator[bytes]) -> None:
+        try:
+            async for raw in requests:
+                await self._route(raw)
+        except RouterError as exc:
+            await self.out.put(exc)
+            return
+        for up in self.upstreams.values():
+            up.close(cancel=False)
+        await asyncio.gather(*(u.task for u in self.upstreams.values()),
+                             return_exceptions=True)
+        await self.out.put(None)
+
+    async def _route(self, raw: bytes) -> None:
+        gw = self.gw
+        try:
+            req = service_pb2.ModelInferRequest.FromString(raw)
+        except DecodeError:
+            raise RouterError(grpc.StatusCode.INVALID_ARGUMENT,
+                              "a stream message is not a ModelInferRequest") from None
+        model, version = req.model_name, req.model_version
+        try:
+            schema = await gw._schema(model, version, gw.clock())
+            payload = validate(req, schema, gw.max_bytes)
+        except InvalidRequest as exc:
+            gw.counters.invalid += 1
+            await self.out.put(_error_reply(req, str(exc)))
+            return
+        except RouterError as exc:
+            if exc.code == grpc.StatusCode.UNAVAILABLE and "no ready replica" not in \
+                    exc.message:
+                raise  # the scorer is gone: nothing can be routed
+            await self.out.put(_error_reply(req, exc.message))
+            return
+        seq = sequence_of(req)
+        target: Choice
+        if seq is None:
+            home = self.homes.get((model, version))
+            if home is None:
+                scored = await gw.score(ScoreRequest(
+                    model, version, payload, self.caller.tenant, self.caller.slo,
+                    idempotent=False), self.rt)
+                if not scored.verdict.admit:
+                    await self.out.put(_error_reply(req, _shed(scored, model, None).message))
+                    return
+                home = self.homes[(model, version)] = (scored.targets[0], scored.decision_id)
+            target = home[0]
+        else:
+            scored = await gw.score(ScoreRequest(
+                model, version, payload, self.caller.tenant, self.caller.slo,
+                idempotent=False, sequence=sequence_key(model, version, seq[0]),
+                sequence_start=seq[1], sequence_end=seq[2]), self.rt)
+            if not scored.verdict.admit:
+                await self.out.put(_error_reply(req, _shed(scored, model, seq).message))
+                return
+            target = scored.targets[0]
+            # Answered on the stream, not timed here: the decision only takes its admission
+            # slot while the message is handed on (a START was recorded when decided).
+            gw.scoring.report(scored.decision_id, target.replica, float("nan"),
+                              Status.CANCELLED, last=True)
+        up = self.upstreams.get(target.endpoint)
+        if up is None:
+            up = self.upstreams[target.endpoint] = _Upstream(self, target)
+        up.send(raw)
+
+
+class _Upstream:
+    """One upstream ``ModelStreamInfer`` call of a relayed stream."""
+
+    def __init__(self, relay: _StreamRelay, target: Choice) -> None:
+        self.relay = relay
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.span, metadata = attempt_span(relay.rt, target, False, relay.caller.passed,
+                                           "triton ModelStreamInfer")
+        self.call = relay.gw.upstreams.stream(target.endpoint)(self._messages(),
+                                                               metadata=metadata or None)
+        self.task = asyncio.ensure_future(self._replies())
+        self.closed = False
+
+    def send(self, raw: bytes) -> None:
+        self.queue.put_nowait(raw)
+
+    def close(self, cancel: bool) -> None:
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(None)
+        if cancel:
+            self.call.cancel()
+
+    async def _messages(self) -> AsyncIterator[bytes]:
+        while True:
+            raw = await self.queue.get()
+            if raw is None:
+                return
+            yield raw
+
+    async def _replies(self) -> None:
+        out = self.relay.out
+        error = ""
+        try:
+            async for reply in self.call:
+                await out.put(reply)
+        except grpc.aio.AioRpcError as exc:
+            error = exc.code().name
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                await out.put(RouterError(exc.code(), exc.details() or exc.code().name))
+        except asyncio.CancelledError:
+            error = "CANCELLED"
+            raise
+        finally:
+            if self.span is not None:
+                self.span.end(error)
+
+
+def _error_reply(req: service_pb2.ModelInferRequest, message: str) -> bytes:
+    """A stream's reply for a message that was refused (Triton answers so and goes on)."""
+    return service_pb2.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=service_pb2.ModelInferResponse(
+            model_name=req.model_name, model_version=req.model_version, id=req.id),
+    ).SerializeToString()
