@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from certs.identity import (
     write_private,
     write_public,
 )
+from certs.names import HostName, SanError, check_requested
 from certs.spiffe import SpiffeError, SpiffeId, check_trust_domain
 
 CA_KEY, CA_CERT, CA_CHAIN, CA_BUNDLE, CA_META = "ca.key", "ca.pem", "chain.pem", "bundle.pem", \
@@ -183,7 +185,15 @@ class CertificateAuthority:
 
     def check_csr(self, csr: x509.CertificateSigningRequest, expect: SpiffeId | None = None
                   ) -> SpiffeId:
-        """The identity a CSR asks for, once its signature, key and name are acceptable."""
+        """The identity a CSR asks for, once its signature, key and names are acceptable."""
+        return self.check_request(csr, expect)[0]
+
+    def check_request(self, csr: x509.CertificateSigningRequest,
+                      expect: SpiffeId | None = None) -> tuple[SpiffeId, list[HostName]]:
+        """The identity a CSR asks for and the host names (DNS names, IP addresses) to put
+        beside it, once its signature, key and every SAN are acceptable: one SPIFFE URI of this
+        trust domain (``expect`` if given), and DNS names and IP addresses as
+        :func:`certs.names.check_requested` allows."""
         if not csr.is_signature_valid:
             raise CsrRejected("bad_signature", "CSR signature does not verify (tampered CSR?)")
         pub = csr.public_key()
@@ -203,20 +213,33 @@ class CertificateAuthority:
                                                     f"trust domain {self.trust_domain}")
         if expect is not None and sid != expect:
             raise CsrRejected("wrong_identity", f"CSR asks for {sid}, expected {expect}")
-        return sid
+        try:
+            names = check_requested(
+                sid, [n for n in san if not isinstance(n, x509.UniformResourceIdentifier)])
+        except SanError as exc:
+            raise CsrRejected("bad_name", f"CSR for {sid}: {exc}") from None
+        if names and sid.kind != "node":
+            raise CsrRejected("bad_name", f"CSR for {sid} asks for host names; only node "
+                                          "certificates carry them")
+        return sid, names
 
     def issue(self, csr: x509.CertificateSigningRequest, roles: tuple[str, ...] | list[str], *,
               lifetime: dt.timedelta = DEFAULT_LEAF_LIFETIME,
               now: float | dt.datetime | None = None,
               expect: SpiffeId | None = None) -> x509.Certificate:
-        """Sign a checked CSR: SPIFFE URI SAN, DNS SANs, the access roles, ``lifetime``."""
-        sid = self.check_csr(csr, expect)
-        return self.sign(csr.public_key(), sid, roles, lifetime=lifetime, now=now)  # type: ignore[arg-type]
+        """Sign a checked CSR: SPIFFE URI SAN, DNS SANs (the identity's and those the CSR asks
+        for), IP SANs, the access roles, ``lifetime``."""
+        sid, names = self.check_request(csr, expect)
+        return self.sign(csr.public_key(), sid, roles, lifetime=lifetime, now=now,  # type: ignore[arg-type]
+                         names=names)
 
     def sign(self, public_key: ec.EllipticCurvePublicKey, sid: SpiffeId,
              roles: tuple[str, ...] | list[str], *,
              lifetime: dt.timedelta = DEFAULT_LEAF_LIFETIME,
-             now: float | dt.datetime | None = None) -> x509.Certificate:
+             now: float | dt.datetime | None = None,
+             names: Sequence[x509.GeneralName | str] = ()) -> x509.Certificate:
+        """A leaf for ``sid``: its SPIFFE URI and DNS names, then ``names`` (host names and IP
+        addresses, checked as in a CSR; see :mod:`certs.names`)."""
         if sid.trust_domain != self.trust_domain:
             raise CaError(f"{sid} is not in trust domain {self.trust_domain}")
         if not dt.timedelta(0) < lifetime <= MAX_LEAF_LIFETIME:
@@ -225,9 +248,16 @@ class CertificateAuthority:
         end = min(start + CLOCK_SKEW + lifetime, self.cert.not_valid_after_utc)
         if end <= start + CLOCK_SKEW:
             raise CaError(f"the CA certificate expired at {end.isoformat()}; renew the CA")
+        try:
+            hosts = check_requested(sid, names)
+        except SanError as exc:
+            raise CaError(f"{sid}: {exc}") from None
+        if hosts and sid.kind != "node":
+            raise CaError(f"{sid}: only node certificates carry host names")
         ca_ski = self.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
         san: list[x509.GeneralName] = [x509.UniformResourceIdentifier(str(sid))]
         san += [x509.DNSName(n) for n in sid.dns_names()]
+        san += hosts
         return (x509.CertificateBuilder()
                 .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, sid.name)]))
                 .issuer_name(self.cert.subject)
@@ -261,11 +291,13 @@ class CertificateAuthority:
 
     def mint(self, sid: SpiffeId, roles: tuple[str, ...] | list[str], *,
              lifetime: dt.timedelta = DEFAULT_LEAF_LIFETIME,
-             now: float | dt.datetime | None = None) -> Identity:
+             now: float | dt.datetime | None = None,
+             names: Sequence[x509.GeneralName | str] = ()) -> Identity:
         """A whole identity made here, for the CA holder itself, ``--dev`` and user certs
-        (``meshctl cert issue``): the key is made on the machine that will use it."""
+        (``meshctl cert issue``): the key is made on the machine that will use it.  ``names``:
+        host names and IP addresses for a node certificate (:func:`certs.names.to_names`)."""
         key = new_key()
-        leaf = self.sign(key.public_key(), sid, roles, lifetime=lifetime, now=now)
+        leaf = self.sign(key.public_key(), sid, roles, lifetime=lifetime, now=now, names=names)
         return Identity(key, self.chain_for(leaf), self.bundle)
 
     def crl(self, revoked: dict[int, dt.datetime], number: int,

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives import serialization
 
 from certs.ca import CaError, CertificateAuthority, CsrRejected
 from certs.identity import Identity, spiffe_id_of
+from certs.names import HostName
 from certs.spiffe import SpiffeId
 from certs.tokens import TokenError, TokenLedger, check, der_fingerprint
 from certs.verify import Peer, PeerRejected, PeerVerifier
@@ -39,8 +40,8 @@ MAX_MESSAGE = 64 * 1024
 HELLO, ENROLL, RENEW = "hello", "enroll", "renew"
 REFUSAL_REASONS = ("malformed", "not_ca_holder", "name_in_use", "not_authenticated",
                    "bad_signature", "bad_key", "bad_identity", "wrong_trust_domain",
-                   "wrong_identity", "bad_mac", "expired", "exhausted", "wrong_mesh",
-                   "revoked", "ca_unusable")
+                   "wrong_identity", "bad_name", "bad_mac", "expired", "exhausted",
+                   "wrong_mesh", "revoked", "ca_unusable")
 
 
 class EnrollError(Exception):
@@ -140,7 +141,7 @@ class Authority:
         except TokenError as exc:
             raise EnrollError(exc.reason, str(exc)) from None
         csr = self._csr(msg)
-        sid = self._checked(ca, csr)
+        sid, names = self._checked(ca, csr)
         if sid.kind != "node":
             raise EnrollError("bad_identity", f"enrollment is for nodes, not {sid}")
         if self.name_in_use(sid.name):
@@ -152,7 +153,7 @@ class Authority:
             self.ledger.consume(claims)
         except TokenError as exc:
             raise EnrollError(exc.reason, str(exc)) from None
-        return self._issue(ca, csr, sid, ("node",), now)
+        return self._issue(ca, csr, sid, names, ("node",), now)
 
     def _renew(self, msg: dict[str, object], peer: Peer | None, now: float
                ) -> dict[str, object]:
@@ -160,23 +161,27 @@ class Authority:
         if peer is None:
             raise EnrollError("not_authenticated", "renewal needs the current certificate")
         csr = self._csr(msg)
-        sid = self._checked(ca, csr, expect=peer.spiffe_id)
-        return self._issue(ca, csr, sid, tuple(sorted(peer.roles)), now)
+        sid, names = self._checked(ca, csr, expect=peer.spiffe_id)
+        return self._issue(ca, csr, sid, names, tuple(sorted(peer.roles)), now)
 
     @staticmethod
     def _checked(ca: CertificateAuthority, csr: x509.CertificateSigningRequest,
-                 expect: SpiffeId | None = None) -> SpiffeId:
+                 expect: SpiffeId | None = None) -> tuple[SpiffeId, list[HostName]]:
+        """The identity and host names a CSR asks for (:meth:`CertificateAuthority.check_request`:
+        a renewal gets the names its CSR asks for, which the node derives from its settings)."""
         try:
-            return ca.check_csr(csr, expect)
+            return ca.check_request(csr, expect)
         except CsrRejected as exc:
             raise EnrollError(exc.reason, str(exc)) from None
 
     def _issue(self, ca: CertificateAuthority, csr: x509.CertificateSigningRequest,
-               sid: SpiffeId, roles: tuple[str, ...], now: float) -> dict[str, object]:
+               sid: SpiffeId, names: list[HostName], roles: tuple[str, ...], now: float
+               ) -> dict[str, object]:
         """Sign a CSR :meth:`_checked` already accepted (not checking its signature again)."""
         try:
             leaf = ca.sign(csr.public_key(), sid, roles,  # type: ignore[arg-type]
-                           lifetime=dt.timedelta(seconds=self.lifetime_s), now=now)
+                           lifetime=dt.timedelta(seconds=self.lifetime_s), now=now,
+                           names=names)
         except (CaError, ValueError) as exc:
             raise EnrollError("ca_unusable" if "expired" in str(exc) else "bad_identity",
                               str(exc)) from None

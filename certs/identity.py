@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from certs.names import cert_host_names, to_names
 from certs.spiffe import SpiffeId
 
 ROLES_OID = x509.ObjectIdentifier("1.3.6.1.4.1.58986.7946.1")
@@ -117,12 +118,16 @@ def new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def make_csr(key: ec.EllipticCurvePrivateKey, sid: SpiffeId) -> x509.CertificateSigningRequest:
-    """A CSR naming the identity it asks for; the CA decides the roles and the lifetime."""
+def make_csr(key: ec.EllipticCurvePrivateKey, sid: SpiffeId,
+             names: Sequence[str | x509.GeneralName] = ()) -> x509.CertificateSigningRequest:
+    """A CSR naming the identity it asks for and, for a node, the host names and IP addresses
+    clients may dial it by (:func:`certs.names.to_names`); the CA decides the roles and the
+    lifetime, and checks the names."""
+    san: list[x509.GeneralName] = [x509.UniformResourceIdentifier(str(sid))]
+    san += to_names(names)
     return (x509.CertificateSigningRequestBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, sid.name)]))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.UniformResourceIdentifier(str(sid))]), critical=False)
+            .add_extension(x509.SubjectAlternativeName(san), critical=False)
             .sign(key, hashes.SHA256()))
 
 
@@ -193,6 +198,11 @@ class Identity:
     @property
     def roles(self) -> tuple[str, ...]:
         return roles_of(self.cert)
+
+    @property
+    def host_names(self) -> set[str]:
+        """The DNS names and IP addresses the certificate carries besides its SPIFFE names."""
+        return cert_host_names(self.cert, self.spiffe_id)
 
     @property
     def not_after(self) -> dt.datetime:

@@ -29,7 +29,7 @@ import ssl
 import struct
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from certs import enroll, tls, tokens
 from certs.ca import CertificateAuthority
 from certs.enroll import MAGIC, Authority, EnrollError
 from certs.identity import Identity, IdentityError, make_csr, new_key, write_private
+from certs.names import HostName, SanError, check_requested, host_names, to_names
 from certs.revocation import RevocationError, Revocations, sign_list
 from certs.spiffe import SpiffeId
 from certs.tokens import TokenError, TokenLedger
@@ -56,6 +57,9 @@ _LEN = struct.Struct(">I")
 DEV_TRUST_DOMAIN = "mesh.local"
 RENEW_RETRY = 30.0
 """Seconds between renewal attempts while no CA holder answers."""
+NAMES_CHECK = 5.0
+"""Seconds between looks for a CA holder while the certificate lacks host names the settings
+now ask for (one early renewal fixes that)."""
 KEY_OPS = ("install", "use", "remove")
 MAX_KEY_OPS = 8
 """Key operations a node keeps publishing, so a member that missed one still applies it."""
@@ -83,7 +87,8 @@ class Security:
 
     def __init__(self, data_dir: Path, node: str, *, dev: bool = False, ca_dir: str = "",
                  join_token: str = "", trust_domain: str = "", encrypt: str = "",
-                 cert_lifetime: float = 86400.0) -> None:
+                 cert_lifetime: float = 86400.0,
+                 cert_names: Callable[[], Sequence[str]] | None = None) -> None:
         self.dir = data_dir
         self.node = node
         self.dev = dev
@@ -91,6 +96,11 @@ class Security:
         self.trust_domain = trust_domain or DEV_TRUST_DOMAIN
         self.encrypt = encrypt
         self.cert_lifetime = cert_lifetime
+        self._cert_names = cert_names or (lambda: ())
+        """The host names and addresses this node's certificate carries (the settings'
+        :meth:`~meshd.settings.Settings.cert_names`), asked for again at each renewal."""
+        self.names: list[HostName] = []
+        self._names_renewal_tried = False
         self.id_dir = data_dir / "identity"
         self.ca_dir = Path(ca_dir) if ca_dir else (data_dir / "ca" if dev else None)
         self.ca: CertificateAuthority | None = None
@@ -132,6 +142,7 @@ class Security:
         """Load or make what can be had locally; enrollment (if needed) comes after."""
         now = time.time() if now is None else now
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.names = self._derive_names()
         try:
             Identity.settle(self.id_dir)
         except IdentityError as exc:
@@ -156,8 +167,9 @@ class Security:
             except IdentityError as exc:
                 raise SecurityError(f"identity: {exc}") from None
             if self.ca is not None and (ident.bundle != self.ca.bundle or
-                                        ident.spiffe_id.name != self.node):
-                ident = None  # the CA (or our name) changed: a holder re-issues its own
+                                        ident.spiffe_id.name != self.node or
+                                        self.names_stale(ident)):
+                ident = None  # the CA, our name or addresses changed: a holder re-issues
             elif ident.not_after.timestamp() <= now and self.ca is None:
                 if not self.join_token:
                     raise SecurityError(f"identity in {self.id_dir} expired at "
@@ -173,15 +185,35 @@ class Security:
             raise SecurityError("no identity: give --join-token (from `meshctl token create`), "
                                 "--ca-dir (a CA holder) or --dev (one-machine development)")
         if ident is not None:
+            self._check_names(ident.spiffe_id)
             self._adopt(ident)
         self._load_keyring()
         if self.dev and self.ca is not None:
             self._write_dev_client(now)
 
+    def _derive_names(self) -> list[HostName]:
+        try:
+            return to_names(self._cert_names())
+        except SanError as exc:
+            raise SecurityError(f"cert_san: {exc}") from None
+
+    def _check_names(self, sid: SpiffeId, names: list[HostName] | None = None) -> None:
+        """Refuse at start names the CA would refuse at each renewal (another identity's)."""
+        try:
+            check_requested(sid, self.names if names is None else names)
+        except SanError as exc:
+            raise SecurityError(f"cert_san: {exc}") from None
+
+    def names_stale(self, ident: Identity) -> bool:
+        """Whether ``ident``'s host names differ from those the settings ask for now."""
+        return ident.host_names != host_names(self.names)
+
     def _mint_own(self, now: float) -> Identity:
         assert self.ca is not None
-        ident = self.ca.mint(SpiffeId.node(self.ca.trust_domain, self.node), ["node"],
-                             lifetime=dt.timedelta(seconds=self.cert_lifetime), now=now)
+        sid = SpiffeId.node(self.ca.trust_domain, self.node)
+        self._check_names(sid)
+        ident = self.ca.mint(sid, ["node"], lifetime=dt.timedelta(seconds=self.cert_lifetime),
+                             now=now, names=self.names)
         ident.save(self.id_dir)
         return ident
 
@@ -508,7 +540,7 @@ class Security:
             holders = [str(h) for h in hello.get("ca_holders", []) or []]  # type: ignore[attr-defined]
             if holders:
                 return None, holders
-            csr = make_csr(key, SpiffeId.node(td, self.node))
+            csr = make_csr(key, SpiffeId.node(td, self.node), self.names)
             reply = await _exchange(reader, writer, {
                 "op": enroll.ENROLL, "token": self.join_token,
                 "csr": csr.public_bytes(Encoding.DER)})
@@ -532,14 +564,22 @@ class Security:
             self.save_keyring()
 
     async def renew(self) -> bool:
-        """A new certificate (and key) before the current one expires."""
+        """A new certificate (and key) before the current one expires, with the host names
+        the settings give now (the host's addresses may have changed)."""
+        try:
+            names = await asyncio.to_thread(self._derive_names)  # may resolve names
+            self._check_names(self.identity.spiffe_id, names)
+            self.names = names
+        except SecurityError as exc:
+            log.warning("certificate names unchanged", extra={
+                "event": "cert_names_failed", "detail": str(exc)})
         now = time.time()
         if self.ca is not None:
             self._adopt(self._mint_own(now))
             self.renewals["ok"] += 1
             return True
         key = new_key()
-        csr = make_csr(key, self.identity.spiffe_id).public_bytes(Encoding.DER)
+        csr = make_csr(key, self.identity.spiffe_id, self.names).public_bytes(Encoding.DER)
         for target in self.ca_holders():
             try:
                 async with asyncio.timeout(10.0), _enrollment_stream(
@@ -564,11 +604,29 @@ class Security:
         self.renewals["failed"] += 1
         return False
 
+    def _names_pending(self) -> bool:
+        """The certificate lacks the names asked for, and no early renewal was tried yet."""
+        return not self._names_renewal_tried and self.names_stale(self.identity)
+
+    def _early_renewal(self) -> bool:
+        """Renew now, once per run: the names changed (a new ``--cert-san``, a certificate
+        from before nodes asked for names) and a CA holder is known to ask."""
+        return self._names_pending() and (self.ca is not None or bool(self.ca_holders()))
+
     async def renew_loop(self) -> None:
         while True:
             wait = self.identity.renew_at() - time.time()
+            if wait > 0 and self._early_renewal():
+                self._names_renewal_tried = True
+                log.info("renewing early: the certificate's host names are not the ones the "
+                         "settings ask for", extra={
+                             "event": "renew_for_names",
+                             "have": sorted(self.identity.host_names),
+                             "want": sorted(host_names(self.names))})
+                wait = 0.0
             if wait > 0:
-                await asyncio.sleep(min(wait, 3600.0))
+                await asyncio.sleep(min(wait, 3600.0, NAMES_CHECK if self._names_pending()
+                                        else 3600.0))
                 continue
             if not await self.renew():
                 await asyncio.sleep(min(RENEW_RETRY, max(1.0, self.cert_lifetime / 20)))

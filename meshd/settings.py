@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.triton import EndpointError, TritonEndpoint
+from certs.names import MAX_NAMES, SanError, parse_name
 from gossip.keyring import KeyringError, decode_key
 from gossip.state import ROLES, Addr
 
@@ -114,10 +115,14 @@ class Settings:
     Plaintext on loopback and Unix sockets, mTLS (client certificates) anywhere else."""
     router: str = ""
     """Router ingress (``--role router``), KServe v2 gRPC: ``HOST:PORT``; default: the bind
-    host if loopback, else 0.0.0.0, port 9000."""
+    host if loopback, else 0.0.0.0 (127.0.0.1 with ``--dev``), port 9000.  With ``--dev`` the
+    router is plaintext, so it may listen on loopback only."""
     router_tokens: str = ""
     """File of per-tenant bearer tokens for router clients (``tenant token-sha256`` lines);
     without it (and outside ``--dev``) clients must present a mesh client certificate."""
+    cert_san: list[str] = field(default_factory=list)
+    """Extra DNS names and IP addresses for this node's certificate (a load balancer's name,
+    say), besides those :meth:`cert_names` derives from the addresses above."""
     router_workers: int = 1
     """Processes serving the router port: the agent and ``N - 1`` worker processes sharing it
     (SO_REUSEPORT, Linux), each on its own core.  The kernel spreads client connections over
@@ -151,9 +156,19 @@ class Settings:
 
     def router_addr(self) -> Addr:
         if self.router:
-            return parse_hostport(self.router, DEFAULT_ROUTER_PORT, "router")
+            addr = parse_hostport(self.router, DEFAULT_ROUTER_PORT, "router")
+            if self.dev and not is_loopback(addr[0]):
+                raise SettingsError(
+                    f"router: {addr[0]} is not a loopback address, and with --dev the router "
+                    "is plaintext, so it listens on loopback only (127.0.0.0/8, ::1, "
+                    "localhost); outside one-machine development run without --dev: the "
+                    "router then speaks TLS with the node's certificate and clients present a "
+                    "mesh client certificate or a --router-tokens bearer token")
+            return addr
         host = self.gossip_binds()[0][0]
-        return (host if is_loopback(host) else "0.0.0.0", DEFAULT_ROUTER_PORT)
+        if is_loopback(host):
+            return (host, DEFAULT_ROUTER_PORT)
+        return ("127.0.0.1" if self.dev else "0.0.0.0", DEFAULT_ROUTER_PORT)
 
     def metrics_addr(self) -> Addr | None:
         if self.metrics == "off":
@@ -162,6 +177,48 @@ class Settings:
             return parse_hostport(self.metrics, DEFAULT_METRICS_PORT, "metrics")
         host = self.gossip_binds()[0][0]
         return (host, DEFAULT_METRICS_PORT)
+
+    def cert_names(self) -> list[str]:
+        """DNS names and IP addresses for this node's certificate besides its SPIFFE ones, so
+        that clients checking host names (tritonclient) accept it at any address it listens on.
+
+        In order: ``cert_san``; the gossip bind, advertise and (``--role router``) router
+        hosts that are specific addresses or names; for a loopback or wildcard listener
+        127.0.0.1, ::1 and ``localhost``; the host name; for a wildcard listener (0.0.0.0, ::)
+        the host's other addresses (:func:`host_addresses`).  Names a certificate may not carry
+        (a host name with '_', say) are left out; at most ``MAX_NAMES``.  Read anew at each
+        renewal: the host's addresses may have changed.
+        """
+        hosts = [self.gossip_binds()[0][0]]
+        if self.advertise:
+            hosts.append(parse_hostport(self.advertise, 0, "advertise")[0])
+        if "router" in self.roles:
+            hosts.append(self.router_addr()[0])
+        names = list(self.cert_san)
+        wildcard = loopback = False
+        for host in hosts:
+            if host in ("0.0.0.0", "::"):
+                wildcard = True
+                continue
+            loopback = loopback or is_loopback(host)
+            names.append(host)
+        if wildcard or loopback:
+            names += ["127.0.0.1", "::1", "localhost"]
+        names.append(socket.gethostname())
+        if wildcard:
+            names += host_addresses()
+        out: list[str] = []
+        seen: set[str] = set()
+        for text in names:
+            try:
+                name = parse_name(text)
+            except SanError:
+                continue
+            key = str(name.value)
+            if key not in seen:
+                seen.add(key)
+                out.append(key)
+        return out[:MAX_NAMES]
 
     def data_path(self) -> str:
         return self.data_dir or os.path.join(os.path.expanduser("~"), ".meshd", self.node)
@@ -225,8 +282,46 @@ class Settings:
         for name in ("queue_interval", "stats_interval"):
             if not 0.01 <= getattr(self, name) <= 60.0:
                 raise SettingsError(f"{name}: must be 0.01 .. 60 seconds")
+        if len(self.cert_san) > MAX_NAMES:
+            raise SettingsError(f"cert_san: {len(self.cert_san)} names, at most {MAX_NAMES}")
+        for name in self.cert_san:
+            try:
+                parse_name(name)
+            except SanError as exc:
+                raise SettingsError(f"cert_san: {exc}") from None
         if self.retry_max < 0 or self.retry_interval <= 0:
             raise SettingsError("retry: retry_max must be >= 0 and retry_interval > 0")
+
+
+def host_addresses() -> list[str]:
+    """This host's addresses other than loopback and link-local ones, for the certificate of a
+    node listening on a wildcard address: those its host name resolves to, and those of the
+    interfaces that route to the internet (a UDP socket "connected" to a documentation
+    address: nothing is sent).  Standard library only; whatever fails is left out."""
+    found: list[str] = []
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        infos = []
+    found += [str(info[4][0]) for info in infos]
+    for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((probe, 9))
+                found.append(str(s.getsockname()[0]))
+        except OSError:
+            pass
+    out: list[str] = []
+    for text in found:
+        try:
+            addr = ipaddress.ip_address(text)
+        except ValueError:
+            continue
+        if addr.is_loopback or addr.is_link_local or addr.is_unspecified or addr.is_multicast:
+            continue
+        if str(addr) not in out:
+            out.append(str(addr))
+    return out
 
 
 def is_loopback(host: str) -> bool:
@@ -276,7 +371,7 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
     return tags
 
 
-_LISTS = {"join", "roles", "subscribe"}
+_LISTS = {"join", "roles", "subscribe", "cert_san"}
 _BOOLS = {"retry_join", "dev"}
 _INTS = {"retry_max", "bootstrap_expect", "router_workers"}
 _FLOATS = {"retry_interval", "cert_lifetime", "queue_interval", "stats_interval"}
@@ -336,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--join-token", metavar="TOKEN", help="enroll with this token (or $MESHD_JOIN_TOKEN)")
     a("--trust-domain", metavar="DOMAIN", help="trust domain of a --dev CA")
     a("--cert-lifetime", type=float, metavar="SECONDS", help="lifetime of issued certificates")
+    a("--cert-san", action="append", metavar="NAME|IP",
+      help="extra DNS name or IP address for this node's certificate, e.g. a load balancer's "
+           "(repeatable, or comma-separated)")
     a("--rbac-policy", metavar="FILE", help="TOML role -> admin methods policy")
     a("--jwt-jwks", metavar="FILE", help="JWKS file for people's bearer tokens")
     a("--jwt-key", metavar="FILE", help="PEM public key for people's bearer tokens")

@@ -7,15 +7,20 @@ Everything here uses real keys and real signatures.  Several tests pin bugs thes
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import datetime as dt
+import ipaddress
 import json
 import os
+import socket
 import ssl
 import stat
 import threading
 import time
 from collections import Counter
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,10 +63,14 @@ from certs.identity import (
     roles_of,
     spiffe_id_of,
 )
+from certs.names import MAX_NAMES, cert_host_names, host_names
 from certs.revocation import MAX_BLOB, RevocationError, Revocations, issued_at, sign_list
 from certs.spiffe import SpiffeError, SpiffeId
 from certs.tokens import TokenError, TokenLedger
 from certs.verify import REJECT_REASONS, Peer, PeerRejected, PeerVerifier
+from meshd import security as security_mod
+from meshd.security import Security, SecurityError
+from meshd.settings import Settings
 
 TD = "mesh.test"
 OTHER_TD = "other.test"
@@ -1348,11 +1357,11 @@ def test_identity_reader_never_sees_a_mismatch_while_renewals_are_written(
     assert reads[0] > 50 and errors == []
 
 
-def _handshake(server: ssl.SSLContext, client: ssl.SSLContext
+def _handshake(server: ssl.SSLContext, client: ssl.SSLContext, server_hostname: str | None = None
                ) -> tuple[ssl.SSLObject, ssl.SSLObject]:
     s_in, s_out, c_in, c_out = (ssl.MemoryBIO() for _ in range(4))
     srv = server.wrap_bio(s_in, s_out, server_side=True)
-    cli = client.wrap_bio(c_in, c_out, server_side=False)
+    cli = client.wrap_bio(c_in, c_out, server_side=False, server_hostname=server_hostname)
     done = {"s": False, "c": False}
     for _ in range(20):
         for name, obj in (("c", cli), ("s", srv)):
@@ -1388,3 +1397,299 @@ def test_tls_contexts_do_mutual_tls_with_mesh_certificates(
     other_ca.mint(node("c"), ["node"]).save(c)
     with pytest.raises(ssl.SSLError):
         _handshake(tls.server_context(a), tls.client_context(c))
+
+
+# --- host names (DNS and IP SANs) for clients that check them ---------------------------------
+
+
+LOOPBACK_NAMES = ["127.0.0.1", "::1", "localhost"]
+
+
+def san_of(cert: x509.Certificate) -> x509.SubjectAlternativeName:
+    return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+
+
+def test_node_certificate_carries_host_names_beside_its_spiffe_names(
+        ca: CertificateAuthority) -> None:
+    ident = ca.mint(node("r1"), ["node"],
+                    names=[*LOOPBACK_NAMES, "GPU1.Example.com.", "10.0.0.7", "10.0.0.7",
+                           "r1.node.mesh.test"])
+    san = san_of(ident.cert)
+    assert san.get_values_for_type(x509.UniformResourceIdentifier) == [str(node("r1"))]
+    assert san.get_values_for_type(x509.DNSName) == [
+        "r1.node.mesh.test", "node.mesh.test", "localhost", "gpu1.example.com"]
+    assert san.get_values_for_type(x509.IPAddress) == [
+        ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"),
+        ipaddress.ip_address("10.0.0.7")]
+    assert ident.host_names == {"127.0.0.1", "::1", "localhost", "gpu1.example.com",
+                                "10.0.0.7"}
+    assert ident.spiffe_id == node("r1")  # still exactly one URI SAN
+    # without names: as before
+    assert ca.mint(node("r2"), ["node"]).host_names == set()
+    # people's certificates name no hosts
+    with pytest.raises(CaError, match="only node certificates"):
+        ca.mint(SpiffeId(TD, "user", "alice"), ["admin"], names=["10.0.0.7"])
+
+
+def _python_client(bundle: Path) -> ssl.SSLContext:
+    """What tritonclient (grpc) and most TLS clients do: the roots, and a host-name check."""
+    ctx = ssl.create_default_context(cafile=str(bundle))
+    assert ctx.check_hostname and ctx.verify_mode == ssl.CERT_REQUIRED
+    return ctx
+
+
+def test_a_client_that_checks_host_names_accepts_the_node_at_its_addresses(
+        tmp_path: Path, ca: CertificateAuthority, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu17")
+    settings = Settings(node="r1", bind="127.0.0.1:7946", roles=["router"], dev=True,
+                        cert_san=["lb.example.com"])
+    with_names, without = tmp_path / "names", tmp_path / "none"
+    ca.mint(node("r1"), ["node"], names=settings.cert_names()).save(with_names)
+    ca.mint(node("r1"), ["node"]).save(without)
+    client = _python_client(with_names / "bundle.pem")
+    server = tls.server_context(with_names, require_client_cert=False)
+    for host in ("127.0.0.1", "::1", "localhost", "gpu17", "lb.example.com",
+                 "node.mesh.test", "r1.node.mesh.test"):
+        _, cli = _handshake(server, client, server_hostname=host)
+        assert cli.getpeercert()["subject"] == ((("commonName", "r1"),),)
+    # addresses the certificate does not name fail the check, as does a certificate of before
+    for host in ("127.0.0.2", "10.0.0.7", "gpu18", "s1.node.mesh.test"):
+        with pytest.raises(ssl.SSLCertVerificationError, match="mismatch"):
+            _handshake(server, client, server_hostname=host)
+    with pytest.raises(ssl.SSLCertVerificationError, match="IP address mismatch"):
+        _handshake(tls.server_context(without, require_client_cert=False), client,
+                   server_hostname="127.0.0.1")
+
+
+def test_tritonclient_dials_a_node_by_address_with_only_the_mesh_bundle(
+        tmp_path: Path, ca: CertificateAuthority) -> None:
+    """tritonclient's ``ssl=True, root_certificates=`` (no target name override) against a
+    gRPC server presenting the node certificate the way the router does."""
+    import grpc
+    import tritonclient.grpc as tc
+    from tritonclient.grpc import service_pb2
+    from tritonclient.utils import InferenceServerException
+
+    def live(request: object, context: object) -> service_pb2.ServerLiveResponse:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    handler = grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
+        "ServerLive": grpc.unary_unary_rpc_method_handler(
+            live, request_deserializer=service_pb2.ServerLiveRequest.FromString,
+            response_serializer=service_pb2.ServerLiveResponse.SerializeToString)})
+    ident = ca.mint(node("r1"), ["node"], names=LOOPBACK_NAMES)
+    plain = ca.mint(node("r1"), ["node"])
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(ident.bundle_pem())
+    for current, ok in ((ident, True), (plain, False)):
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_secure_port(
+            "127.0.0.1:0", tls.grpc_server_credentials(lambda c=current: c,
+                                                       require_client_auth=False))
+        server.start()
+        try:
+            for host in ("127.0.0.1", "localhost"):
+                client = tc.InferenceServerClient(f"{host}:{port}", ssl=True,
+                                                  root_certificates=str(bundle))
+                try:
+                    if ok:
+                        assert client.is_server_live(client_timeout=10) is True
+                    else:
+                        with pytest.raises(InferenceServerException, match="UNAVAILABLE"):
+                            client.is_server_live(client_timeout=10)
+                finally:
+                    client.close()
+        finally:
+            server.stop(None)
+
+
+def test_csr_host_names_are_checked(ca: CertificateAuthority) -> None:
+    def reason(san: list[x509.GeneralName], sid: SpiffeId | None = None) -> str:
+        uri: list[x509.GeneralName] = [x509.UniformResourceIdentifier(str(sid or node("r1")))]
+        with pytest.raises(CsrRejected) as info:
+            ca.check_request(csr_with_san(new_key(), uri + san))
+        assert info.value.reason in REFUSAL_REASONS
+        return f"{info.value.reason}: {info.value}"
+
+    good = make_csr(new_key(), node("r1"), ["10.0.0.7", "gpu1.example.com", "::1",
+                                            "node.mesh.test"])
+    sid, names = ca.check_request(good)
+    assert sid == node("r1") and names == [
+        x509.IPAddress(ipaddress.ip_address("10.0.0.7")), x509.DNSName("gpu1.example.com"),
+        x509.IPAddress(ipaddress.ip_address("::1"))]
+    assert ca.check_csr(good) == node("r1")
+    assert cert_host_names(ca.issue(good, ["node"]), node("r1")) == {
+        "10.0.0.7", "gpu1.example.com", "::1"}
+    most = [x509.DNSName(f"h{i}.example.com") for i in range(MAX_NAMES)]
+    assert len(ca.check_request(csr_with_san(
+        new_key(), [x509.UniformResourceIdentifier(str(node("r1"))), *most]))[1]) == MAX_NAMES
+
+    # another node's SPIFFE ID beside ours: still one identity per certificate
+    assert reason([x509.UniformResourceIdentifier(str(node("r2")))]).startswith(
+        "bad_identity: CSR must name one SPIFFE ID (2 URI SANs)")
+    assert reason([x509.RFC822Name("ops@example.com")]) == (
+        "bad_name: CSR for spiffe://mesh.test/node/r1: email address SAN ops@example.com: "
+        "only the SPIFFE URI, DNS names and IP addresses are issued")
+    assert "100 DNS names and IP addresses asked for; at most 32" in reason(
+        [x509.DNSName(f"h{i}.example.com") for i in range(100)])
+    assert "at most 32" in reason([*most, x509.IPAddress(ipaddress.ip_address("10.0.0.1"))])
+    refusals = {
+        "wildcard": [x509.DNSName("*.example.com")],
+        "label": [x509.DNSName("bad_host.example.com")],
+        "-'": [x509.DNSName("-x.example.com")],
+        "looks like an IP address": [x509.DNSName("10.0.0.1")],
+        "s2.node.mesh.test' is one the mesh gives SPIFFE identities": [
+            x509.DNSName("s2.node.mesh.test")],
+        "alice.user.mesh.test": [x509.DNSName("alice.user.mesh.test")],
+        "not a network": [x509.IPAddress(ipaddress.ip_network("10.0.0.0/8"))],
+        "unspecified": [x509.IPAddress(ipaddress.ip_address("0.0.0.0"))],
+        "multicast": [x509.IPAddress(ipaddress.ip_address("ff02::1"))],
+        "directory name": [x509.DirectoryName(x509.Name(
+            [x509.NameAttribute(NameOID.COMMON_NAME, "x")]))],
+        "registered ID": [x509.RegisteredID(x509.ObjectIdentifier("1.2.3.4"))],
+    }
+    for why, san in refusals.items():
+        got = reason(san)
+        assert got.startswith("bad_name: ") and why in got, (why, got)
+    assert "only node certificates carry them" in reason(
+        [x509.DNSName("laptop.example.com")], SpiffeId(TD, "user", "alice"))
+    # the CA refuses the same names when it mints for itself
+    with pytest.raises(CaError, match="wildcard"):
+        ca.mint(node("r1"), ["node"], names=["*.example.com"])
+
+
+def test_enrollment_with_host_names_and_a_bad_one(env: Env) -> None:
+    now = time.time()
+    token, claims = tokens.create(env.ca, uses=1, ttl=600, now=now)
+    uri = x509.UniformResourceIdentifier(str(node("joiner")))
+    for bad in (x509.RFC822Name("a@b.example"), x509.DNSName("node.other.test.*")):
+        msg = {"op": "enroll", "token": token,
+               "csr": csr_with_san(new_key(), [uri, bad]).public_bytes(DER)}
+        refused(env.authority.handle(msg, None, now), "bad_name")
+    assert env.ledger.used(claims.id) == 0  # a refused CSR does not use the token
+    msg = {"op": "enroll", "token": token,
+           "csr": make_csr(new_key(), node("joiner"), ["10.1.2.3", "joiner.example"]
+                           ).public_bytes(DER)}
+    reply = env.authority.handle(msg, None, now)
+    assert reply["ok"] is True, reply
+    cert = x509.load_der_x509_certificate(reply["chain"][0])  # type: ignore[index]
+    assert cert_host_names(cert, node("joiner")) == {"10.1.2.3", "joiner.example"}
+    assert env.authority.refused == Counter({"bad_name": 2})
+
+
+def test_renewal_through_the_authority_carries_the_names_of_the_csr(env: Env) -> None:
+    now = time.time()
+    old = env.ca.mint(node("r1"), ["node"], names=["10.0.0.7"])
+    peer = env.verifier.verify_der(der(old.cert))
+    reply = env.authority.handle(
+        {"op": "renew", "csr": make_csr(new_key(), node("r1"), ["10.0.0.7", "10.0.0.8"]
+                                        ).public_bytes(DER)}, peer, now)
+    cert = x509.load_der_x509_certificate(reply["chain"][0])  # type: ignore[index]
+    assert cert_host_names(cert, node("r1")) == {"10.0.0.7", "10.0.0.8"}
+    bad = csr_with_san(new_key(), [x509.UniformResourceIdentifier(str(node("r1"))),
+                                   x509.DNSName("r2.node.mesh.test")])
+    refused(env.authority.handle({"op": "renew", "csr": bad.public_bytes(DER)}, peer, now),
+            "bad_name")
+
+
+def test_dev_node_mints_its_certificate_with_its_names_and_renews_with_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "devbox")
+    settings = Settings(node="a", bind="127.0.0.1:7946", dev=True, roles=["router"])
+    want = {"127.0.0.1", "::1", "localhost", "devbox"}
+    assert set(settings.cert_names()) == want
+    sec = Security(tmp_path, "a", dev=True, trust_domain=TD, cert_names=settings.cert_names)
+    sec.prepare()
+    first = sec.identity
+    assert first.host_names == want
+    assert Identity.load(tmp_path / "identity").cert == first.cert
+    # a restart with the same settings keeps the certificate
+    again = Security(tmp_path, "a", dev=True, trust_domain=TD, cert_names=settings.cert_names)
+    again.prepare()
+    assert again.identity.cert == first.cert
+    # a renewal keeps the names, re-derived from the settings (now with one more)
+    assert asyncio.run(sec.renew())
+    assert sec.identity.cert.serial_number != first.cert.serial_number
+    assert sec.identity.host_names == want
+    settings.cert_san = ["lb.example.com"]
+    assert asyncio.run(sec.renew())
+    assert sec.identity.host_names == want | {"lb.example.com"}
+    saved = Identity.load(tmp_path / "identity")
+    assert saved.cert == sec.identity.cert and saved.key_pem() == sec.identity.key_pem()
+    assert not (tmp_path / "identity" / "key.next.pem").exists()
+    # a restart with other names re-mints at once
+    settings.cert_san = ["10.9.9.9"]
+    later = Security(tmp_path, "a", dev=True, trust_domain=TD, cert_names=settings.cert_names)
+    later.prepare()
+    assert later.identity.host_names == want | {"10.9.9.9"}
+    # names the CA would refuse stop the start, not a renewal hours later
+    settings.cert_san = ["b.node.mesh.test"]
+    with pytest.raises(SecurityError, match="cert_san: DNS name 'b.node.mesh.test'"):
+        Security(tmp_path, "a", dev=True, trust_domain=TD,
+                 cert_names=settings.cert_names).prepare()
+
+
+def test_enrolled_node_renews_early_once_for_names_it_lacks_then_keeps_them(
+        tmp_path: Path, ca: CertificateAuthority, seed: Identity,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node whose certificate predates the names (or a new --cert-san) renews through a CA
+    holder as soon as it knows one, once; its CSRs carry the names its settings give."""
+    env = make_env(ca, seed)
+    old = ca.mint(node("n2"), ["node"])  # what a node enrolled before this change holds
+    old.save(tmp_path / "identity")
+    names = ["10.0.0.7", "n2.example.com"]
+    sec = Security(tmp_path, "n2", cert_names=lambda: names)
+    sec.prepare()
+    assert sec.identity.cert == old.cert and sec.names_stale(sec.identity)
+    csrs: list[set[str]] = []
+
+    @contextlib.asynccontextmanager
+    async def stream(target: str, ctx: ssl.SSLContext):  # type: ignore[no-untyped-def]
+        yield None, None
+
+    async def exchange(reader: object, writer: object, msg: dict[str, object]
+                       ) -> dict[str, object]:
+        csr = x509.load_der_x509_csr(msg["csr"])  # type: ignore[arg-type]
+        csrs.append(host_names(csr.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value))
+        peer = env.verifier.verify_der(der(sec.identity.cert))
+        return unpack(pack(env.authority.handle(msg, peer)))
+
+    monkeypatch.setattr(security_mod, "_enrollment_stream", stream)
+    monkeypatch.setattr(security_mod, "_exchange", exchange)
+    monkeypatch.setattr(security_mod, "NAMES_CHECK", 0.05)
+    holders: list[tuple[str, tuple[str, int], dict[str, int]]] = []
+    sec.members = lambda: holders
+
+    async def run() -> None:
+        loop = asyncio.create_task(sec.renew_loop())
+        try:
+            await asyncio.sleep(0.3)
+            assert sec.renewals["ok"] == 0  # no CA holder known yet: nothing to ask
+            holders.append(("ca1", ("127.0.0.1", 7946), {"ca": 7946}))
+            for _ in range(100):
+                if sec.renewals["ok"]:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # and no second early renewal
+        finally:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+
+    asyncio.run(run())
+    assert sec.renewals == Counter({"ok": 1})
+    assert csrs == [{"10.0.0.7", "n2.example.com"}]
+    assert sec.identity.host_names == {"10.0.0.7", "n2.example.com"}
+    assert not sec.names_stale(sec.identity)
+    assert Identity.load(tmp_path / "identity").cert == sec.identity.cert
+    # the next renewal (due by time) asks for the names again
+    names.append("10.0.0.8")
+    assert asyncio.run(sec.renew())
+    assert csrs[-1] == {"10.0.0.7", "n2.example.com", "10.0.0.8"}
+    assert sec.identity.host_names == csrs[-1]
+    # once a run: a CA holder that leaves names out (one of before) is not asked over and over
+    names.append("10.0.0.9")
+    sec.names = sec._derive_names()
+    assert sec.names_stale(sec.identity) and sec.ca_holders() and not sec._early_renewal()
