@@ -346,10 +346,13 @@ class Agent:
                     self.worker_counters)
             router_where = "off"
             if "router" in s.roles:
+                shm_dir = Path(s.data_path()) / router_server.SHM_DIR
+                shutil.rmtree(shm_dir, ignore_errors=True)  # regions die with the router
                 self._router, self.router, router_where = await router_server.serve(
                     LocalScoring(self.scorer, loop.time), loop.time, s.router_addr(),
                     dev=s.dev, identity=lambda: sec.identity, tokens_file=s.router_tokens,
-                    node=s.node, verifier=sec.verifier, reuse_port=s.router_workers > 1)
+                    node=s.node, verifier=sec.verifier, reuse_port=s.router_workers > 1,
+                    shm_dir=shm_dir)
                 self.router.tracer = request_tracer(self.tracing)
                 if s.router_workers > 1:
                     await self._start_router_workers(router_where)

@@ -261,9 +261,11 @@ async def dispatch_sequence(raw: bytes, targets: Sequence[Choice], *, walk: bool
     """Send a request of a stateful sequence (:mod:`meshd.score.sequences`): never hedged, and
     tried elsewhere only where that cannot split the sequence's state - a START the replica
     could not take (unreachable, or it shed it), or, on a ``walk``, a replica answering that
-    it does not hold the sequence.  A sequence whose replica is unreachable mid-sequence is
-    lost: ABORTED, with ``lost(where)`` naming it."""
-    last = len(targets) - 1
+    it does not hold the sequence (or not answering at all).  A sequence whose replica is
+    unreachable mid-sequence is lost: ABORTED, with ``lost(where)`` naming it; one that no
+    replica holds gets Triton's own answer for an unknown sequence."""
+    final = len(targets) - 1
+    unreachable: Choice | None = None
     for i, choice in enumerate(targets):
         started = clock()
         if deadline is not None and started >= deadline:
@@ -286,14 +288,22 @@ async def dispatch_sequence(raw: bytes, targets: Sequence[Choice], *, walk: bool
             status = STATUS_OF.get(code, Status.ERROR)
             _end(span, status, f"{code.name}: {details}")
             not_held = code == grpc.StatusCode.INVALID_ARGUMENT and NOT_HELD in details
-            if i < last and ((walk and not_held) or (start and code in START_RETRY)):
+            gone = code == grpc.StatusCode.UNAVAILABLE
+            if gone and walk and unreachable is None:
+                unreachable = choice
+            if i < final and ((walk and (not_held or gone))
+                              or (start and code in START_RETRY)):
                 tally.failovers += 1
                 continue  # nothing changed there: the next replica may hold or take it
             report(choice.replica, clock() - started, Status.ERROR if not_held else status,
                    False, True)
-            if code == grpc.StatusCode.UNAVAILABLE and not start and not walk:
+            if gone and not start:
                 raise Failed(grpc.StatusCode.ABORTED,
                              lost(f" on node {choice.node} ({choice.endpoint})")) from None
+            if not_held and unreachable is not None:
+                raise Failed(grpc.StatusCode.ABORTED, lost(
+                    f" (on node {unreachable.node}, {unreachable.endpoint}, as far as the "
+                    "router can tell)")) from None
             raise Failed(code, details) from None
         report(choice.replica, clock() - started, Status.OK, False, True)
         _end(span, Status.OK)

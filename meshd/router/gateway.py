@@ -170,6 +170,9 @@ class Gateway:
         self.tracer: RequestTracer | None = None
         """Set when tracing is on (:mod:`meshd.tracing`): each sampled request is a trace."""
         self._fleet: tuple[float, service_pb2.ServerMetadataResponse] | None = None
+        self.shm: Any = None
+        """System shared memory regions on this host (:class:`meshd.router.shm.Regions`), when
+        the router serves them."""
 
     async def close(self) -> None:
         await self.upstreams.close()

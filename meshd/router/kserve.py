@@ -74,8 +74,6 @@ class KServeService:
     def __init__(self, gateway: Gateway, auth: ClientAuth) -> None:
         self.gateway = gateway
         self.auth = auth
-        self.shm: Any = None
-        """System shared memory regions (:class:`meshd.router.shm.Regions`), when served."""
 
     def handler(self) -> grpc.GenericRpcHandler:
         svc = service_pb2
@@ -90,6 +88,12 @@ class KServeService:
             "ServerMetadata": self._typed(self.server_metadata, svc.ServerMetadataRequest),
             "RepositoryIndex": self._typed(self.repository_index, svc.RepositoryIndexRequest),
             "ModelStatistics": self._typed(self.model_statistics, svc.ModelStatisticsRequest),
+            "SystemSharedMemoryRegister": self._typed(self.shm_register,
+                                                      svc.SystemSharedMemoryRegisterRequest),
+            "SystemSharedMemoryUnregister": self._typed(self.shm_unregister,
+                                                        svc.SystemSharedMemoryUnregisterRequest),
+            "SystemSharedMemoryStatus": self._typed(self.shm_status,
+                                                    svc.SystemSharedMemoryStatusRequest),
         }
         for name, why in NO_SERVER_METHODS.items():
             handlers[name] = grpc.unary_unary_rpc_method_handler(_unimplemented(name, why))
@@ -146,7 +150,7 @@ class KServeService:
                 c.invalid += 1
                 raise RouterError(grpc.StatusCode.INVALID_ARGUMENT,
                                   "request is not a ModelInferRequest") from None
-            shm = self.shm
+            shm = gw.shm
             if shm is not None and shm.used_by(req):
                 reply = await shm.infer(req, caller, context.time_remaining(), rt)
             else:
@@ -233,6 +237,27 @@ class KServeService:
 
     async def model_statistics(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.gateway.statistics(req.name, req.version)
+
+
+    # --- system shared memory -----------------------------------------------------------------
+
+    def _regions(self) -> Any:
+        shm = self.gateway.shm
+        if shm is None:
+            raise RouterError(grpc.StatusCode.UNIMPLEMENTED,
+                              "this router serves no system shared memory")
+        return shm
+
+    async def shm_register(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._regions().register(req.name, req.key, req.offset, req.byte_size, context.peer())
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    async def shm_unregister(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._regions().unregister(req.name)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    async def shm_status(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        return self._regions().status(req.name)
 
 
 def _unimplemented(name: str, why: str) -> Callable[..., Any]:

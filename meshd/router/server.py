@@ -18,20 +18,26 @@ from meshd.router.auth import ClientAuth, load_tokens
 from meshd.router.gateway import Gateway
 from meshd.router.kserve import KServeService
 from meshd.router.scoring import Scoring
+from meshd.router.shm import Regions
 from meshd.router.upstream import MAX_MESSAGE
+
+SHM_DIR = "router-shm"
+"""The folder of the data directory holding the router's shared memory registrations."""
 
 
 async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, int], *,
                 dev: bool, identity: Callable[[], object], tokens_file: str = "",
                 node: str = "meshd", reuse_port: bool = False,
-                verifier: PeerVerifier | None = None
+                verifier: PeerVerifier | None = None, shm_dir: Path | None = None
                 ) -> tuple[grpc.aio.Server, Gateway, str]:
     """The started server, the router's gateway, and the address it is bound to.
     ``reuse_port`` lets worker processes share the port (the kernel spreads connections over
-    them)."""
+    them); ``shm_dir`` holds the system shared memory regions registered with the router, for
+    all of its processes (None: this process's own)."""
     tokens = load_tokens(Path(tokens_file)) if tokens_file else None
     auth = ClientAuth(dev=dev, tokens=tokens, verifier=verifier)
     router = Gateway(scoring, clock, node=node)
+    router.shm = Regions(router, shm_dir)
     service = KServeService(router, auth)
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 1 if reuse_port else 0),

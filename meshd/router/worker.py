@@ -98,7 +98,8 @@ async def run(args: argparse.Namespace) -> int:
         scoring, loop.time, addr, dev=args.dev,
         identity=lambda: files.identity if files is not None else None,
         tokens_file=args.tokens, node=args.node, reuse_port=True,
-        verifier=files.verifier if files is not None else None)
+        verifier=files.verifier if files is not None else None,
+        shm_dir=Path(args.data) / router_server.SHM_DIR)
     traces = tracing.setup("meshd", args.node)
     router.tracer = request_tracer(traces)
     life = f"{args.node}/{os.getpid()}/{int(loop.time() * 1000)}"
