@@ -43,8 +43,12 @@ class RouterHarness:
     """A router over a fused view of real Triton servers, each on its own node."""
 
     def __init__(self, servers: list[TritonServer], *, limiter: LimiterConfig | None = None,
-                 tokens_file: str = "") -> None:
+                 tokens_file: str = "", models: tuple[str, ...] = MODELS,
+                 spu: tuple[float, ...] = ()) -> None:
         self.servers = servers
+        self.models = models
+        self.spu = spu
+        """Seconds per work unit each server reports (default 2 ms each)."""
         self.flags: dict[str, list[str]] = {}
         self.docs: dict[tuple[str, str], dict[str, Any]] = {}
         self.version = 0
@@ -74,12 +78,13 @@ class RouterHarness:
         """Telemetry as the Triton adapter would publish it: ready, queue figures fresh."""
         def update() -> None:
             now = self.loop.time()
-            for server in self.servers:
+            for i, server in enumerate(self.servers):
                 self.seq += 1
+                spu = self.spu[i] if i < len(self.spu) else 0.002
                 reps = [ReplicaState(model=m, version="1", endpoint=server.grpc_url,
-                                     ready=True, queue=0, spu=0.002,
+                                     ready=True, queue=0, spu=spu,
                                      at={"ready": now, "queue": now, "stats": now})
-                        for m in MODELS]
+                        for m in self.models]
                 self.fused.update(self.node_of(server), NodeSignals(1, self.seq, reps),
                                   "gossip", now)
         self.loop.call_soon_threadsafe(update)

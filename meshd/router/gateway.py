@@ -524,7 +524,7 @@ class _StreamRelay:
             target = scored.targets[0]
             # Answered on the stream, not timed here: the decision only takes its admission
             # slot while the message is handed on (a START was recorded when decided).
-            gw.scoring.report(scored.decision_id, target.replica, float("nan"),
+            gw.scoring.report(scored.decision_id, target.replica, 0.0,
                               Status.CANCELLED, last=True)
         up = self.upstreams.get(target.endpoint)
         if up is None:

@@ -1,10 +1,12 @@
 """A stateful sequence model: OUTPUT is the running sum of INPUT over the sequence so far.
 
-The state lives in this server alone (keyed by the CORRID control), which is the point: a
-request that reaches a replica other than the one that took its sequence's START gets a wrong
-sum or an error, so a test can tell whether every request of a sequence arrived at one place.
-``accumulate`` takes integer sequence ids, ``accumulate_str`` string ids (its CORRID is a
-STRING); both share this file.
+The state lives in this server alone (keyed by the request's correlation id), which is the
+point: a request that reaches a replica other than the one that took its sequence's START gets
+a wrong sum or an error, so a test can tell whether every request of a sequence arrived at one
+place.
+``accumulate`` and ``accumulate_str`` (the same file) are used with integer and string sequence
+ids.  (The id comes from ``request.correlation_id()``, not a CORRID control: Triton 2.51 fails a
+STRING CORRID control in a batch of two.)
 """
 
 import numpy as np
@@ -25,18 +27,18 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             value = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
-            corrid = _scalar(request, "CORRID")
+            corrid = request.correlation_id()
             if bool(_scalar(request, "START")):
-                self.sums[corrid] = np.zeros_like(value, dtype=np.int64)
+                self.sums[corrid] = np.zeros(value.shape[1:], dtype=np.int64)
             if corrid not in self.sums:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     f"accumulate: no state for sequence {corrid!r} on this server")))
                 continue
-            total = self.sums[corrid] + value
+            total = self.sums[corrid] + value[0]
             if bool(_scalar(request, "END")):
                 del self.sums[corrid]
             else:
                 self.sums[corrid] = total
             responses.append(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("OUTPUT", total.astype(np.int64))]))
+                output_tensors=[pb_utils.Tensor("OUTPUT", total.reshape(1, -1).astype(np.int64))]))
         return responses
