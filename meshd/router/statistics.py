@@ -26,7 +26,7 @@ def merge(into: Message, other: Message) -> None:
             mine = getattr(into, name)
             for key, item in value.items():
                 merge(mine[key], item)
-        elif fd.label == fd.LABEL_REPEATED:
+        elif fd.is_repeated:
             keys = _KEYS.get(name)
             mine = getattr(into, name)
             if keys is None:
