@@ -197,7 +197,7 @@ class Gateway:
             payload = validate(req, schema, self.max_bytes)
         except InvalidRequest as exc:
             c.invalid += 1
-            raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            raise RouterError(grpc.StatusCode[exc.code], str(exc)) from None
         seq = sequence_of(req)
         request = ScoreRequest(model, version, payload, caller.tenant, caller.slo,
                                deadline=remaining if remaining is not None else 0.0)
