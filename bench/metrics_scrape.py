@@ -54,7 +54,7 @@ HEAD = ("measurement", "value", "bar", "result")
 
 
 def start_agent(work: Path, gpus: int) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    names = ("bind", "admin", "score", "metrics", "router")
+    names = ("bind", "admin", "score", "metrics", "router", "router-http")
     ports = {k: f"127.0.0.1:{p}" for k, p in zip(names, pick_ports("127.0.0.1", len(names)),
                                                  strict=True)}
     cmd = [sys.executable, "-m", "tests.fake_gpu_agent", "--node", "bench", "--dev",

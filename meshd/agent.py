@@ -24,6 +24,7 @@ from pathlib import Path
 
 from adapters.model import CommStats, GpuState
 from adapters.triton import TritonEndpoint
+from certs import tls
 from certs.ca import CaError
 from consensus.group import WAN_TIMING, Timing
 from gossip.config import Config
@@ -184,6 +185,7 @@ class Agent:
                              quota_share=self._quota_share)
         self._score: object | None = None
         self._router: object | None = None
+        self._router_http: object | None = None
         self.router: Gateway | None = None
         """The KServe router (``--role router``), once started."""
         self.router_workers: WorkerPool | None = None
@@ -344,7 +346,7 @@ class Agent:
                 self._score, score_where = await score_api.serve(
                     self.scorer, loop.time, score_addr, lambda: sec.identity,
                     self.worker_counters)
-            router_where = "off"
+            router_where = router_http_where = "off"
             if "router" in s.roles:
                 shm_dir = Path(s.data_path()) / router_server.SHM_DIR
                 shutil.rmtree(shm_dir, ignore_errors=True)  # regions die with the router
@@ -354,8 +356,17 @@ class Agent:
                     node=s.node, verifier=sec.verifier, reuse_port=s.router_workers > 1,
                     shm_dir=shm_dir)
                 self.router.tracer = request_tracer(self.tracing)
+                http_addr = s.router_http_addr()
+                if http_addr is not None:
+                    ctx = None
+                    if not s.dev:  # HTTPS: a client certificate is asked for, a token will do
+                        ctx = tls.server_context(sec.id_dir, require_client_cert=False)
+                        sec.raft_contexts.append(ctx)  # reloaded when the identity renews
+                    self._router_http, router_http_where = await router_server.serve_http(
+                        self.router, http_addr, ssl_context=ctx,
+                        reuse_port=s.router_workers > 1)
                 if s.router_workers > 1:
-                    await self._start_router_workers(router_where)
+                    await self._start_router_workers(router_where, router_http_where)
         except (OSError, TokenFileError) as exc:
             log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
             await self._shutdown(leave=False)
@@ -366,7 +377,7 @@ class Agent:
             "identity": str(sec.identity.spiffe_id), "ca_holder": sec.ca is not None,
             "cert_not_after": sec.identity.not_after.isoformat(),
             "metrics": f"{metrics_addr[0]}:{metrics_addr[1]}" if metrics_addr else "off",
-            "score": score_where, "router": router_where,
+            "score": score_where, "router": router_where, "router_http": router_http_where,
             "incarnation": swim.incarnation, "roles": list(meta.roles)})
         # What exists now lives as long as the agent: keep it out of the collector's full
         # passes, which otherwise walk it all and hold every thread (a scrape of a large
@@ -622,7 +633,7 @@ class Agent:
         """The score link's message counts (None: no worker processes here)."""
         return self.link_counts if self.router_workers is not None else None
 
-    async def _start_router_workers(self, router_where: str) -> None:
+    async def _start_router_workers(self, router_where: str, router_http_where: str) -> None:
         """``--router-workers N``: N - 1 processes beside this router, scoring through a
         score API and a score link on Unix sockets of their own, in the data directory."""
         s = self.settings
@@ -643,6 +654,11 @@ class Agent:
         router = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         argv = ["--score", api, "--link", str(link_path), "--router", router,
                 "--data", s.data_path(), "--node", s.node, "--log-level", s.log_level]
+        if router_http_where != "off":
+            http_port = router_http_where.rsplit(":", 1)[1]
+            http_host = s.router_http_addr()[0]  # type: ignore[index]
+            argv += ["--router-http", f"[{http_host}]:{http_port}" if ":" in http_host
+                     else f"{http_host}:{http_port}"]
         if s.router_tokens:
             argv += ["--tokens", os.path.abspath(s.router_tokens)]
         if s.dev:
@@ -665,6 +681,8 @@ class Agent:
             # In-flight requests finish (drain); new ones are refused once stop() begins.
             # The workers drain theirs at the same time, still scoring through this agent.
             stops = [self._router.stop(ROUTER_GRACE)]  # type: ignore[attr-defined]
+            if self._router_http is not None:
+                stops.append(self._router_http.cleanup())  # type: ignore[attr-defined]
             if self.router_workers is not None:
                 stops.append(self.router_workers.stop(ROUTER_GRACE))
             await asyncio.gather(*stops)

@@ -74,6 +74,11 @@ def router_addr(i: int, per_ip: bool) -> str:
     return f"127.0.0.{i}:9000" if per_ip else f"127.0.0.1:{9500 + i}"
 
 
+def router_http_addr(i: int, per_ip: bool) -> str:
+    """Router HTTP/REST ingress of node ``i``."""
+    return f"127.0.0.{i}:9001" if per_ip else f"127.0.0.1:{9600 + i}"
+
+
 def raft_addr(i: int, per_ip: bool) -> str:
     """Raft address of coordinator ``i`` (its groups use this port and the next)."""
     return f"127.0.0.{i}:7950" if per_ip else f"127.0.0.1:{7200 + 2 * i}"
@@ -258,7 +263,7 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
         gossip, admin, metrics = node_addrs(i, per_ip)
         cmd = [sys.executable, "-m", "meshd.cli", "--node", f"node{i}", "--bind", gossip,
                "--admin", admin, "--score", score_addr(i, per_ip), "--metrics", metrics,
-               "--router", router_addr(i, per_ip),
+               "--router", router_addr(i, per_ip), "--router-http", router_http_addr(i, per_ip),
                "--profile", args.profile,
                "--role", roles[(i - 1) % len(roles)], "--zone", f"zone-{'ab'[i % 2]}",
                "--region", "dev", "--data-dir", str(workdir / f"node{i}")]

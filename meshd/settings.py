@@ -27,6 +27,7 @@ DEFAULT_METRICS_PORT = 9464
 DEFAULT_RAFT_PORT = 7950
 DEFAULT_SCORE_PORT = 7961
 DEFAULT_ROUTER_PORT = 9000
+DEFAULT_ROUTER_HTTP_PORT = 9001
 MAX_ROUTER_WORKERS = 64
 
 
@@ -117,6 +118,11 @@ class Settings:
     """Router ingress (``--role router``), KServe v2 gRPC: ``HOST:PORT``; default: the bind
     host if loopback, else 0.0.0.0 (127.0.0.1 with ``--dev``), port 9000.  With ``--dev`` the
     router is plaintext, so it may listen on loopback only."""
+    router_http: str = ""
+    """Router ingress, KServe v2 HTTP/REST: ``HOST:PORT``, or ``off``; default: the gRPC
+    ingress's host and the port after its (9001 beside the default 9000).  Same
+    authentication and transport security as the gRPC ingress (plaintext, on loopback only,
+    in ``--dev``)."""
     router_tokens: str = ""
     """File of per-tenant bearer tokens for router clients (``tenant token-sha256`` lines);
     without it (and outside ``--dev``) clients must present a mesh client certificate."""
@@ -169,6 +175,20 @@ class Settings:
         if is_loopback(host):
             return (host, DEFAULT_ROUTER_PORT)
         return ("127.0.0.1" if self.dev else "0.0.0.0", DEFAULT_ROUTER_PORT)
+
+    def router_http_addr(self) -> Addr | None:
+        if self.router_http == "off":
+            return None
+        if self.router_http:
+            addr = parse_hostport(self.router_http, DEFAULT_ROUTER_HTTP_PORT, "router_http")
+            if self.dev and not is_loopback(addr[0]):
+                raise SettingsError(
+                    f"router_http: {addr[0]} is not a loopback address, and with --dev the "
+                    "router is plaintext, so it listens on loopback only; outside one-machine "
+                    "development run without --dev (HTTPS with the node's certificate)")
+            return addr
+        host, port = self.router_addr()
+        return (host, port + 1 if self.router and port else DEFAULT_ROUTER_HTTP_PORT)
 
     def metrics_addr(self) -> Addr | None:
         if self.metrics == "off":
@@ -253,6 +273,7 @@ class Settings:
         self.metrics_addr()
         self.score_addr()
         self.router_addr()
+        self.router_http_addr()
         if not 10.0 <= self.cert_lifetime <= 30 * 86400.0:
             raise SettingsError("cert_lifetime: must be 10 s .. 30 days")
         if (self.jwt_jwks or self.jwt_key) and not self.jwt_issuer:
@@ -454,6 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--score", metavar="HOST:PORT|unix:PATH|off",
       help="score API address (default 127.0.0.1:7961; mTLS unless loopback or unix)")
     a("--router", metavar="ADDR:PORT", help="router ingress, KServe v2 gRPC (default port 9000)")
+    a("--router-http", metavar="ADDR:PORT|off",
+      help="router ingress, KServe v2 HTTP/REST (default: the gRPC ingress's host and next "
+           "port, 9001)")
     a("--router-tokens", metavar="FILE", help="per-tenant bearer tokens for router clients")
     a("--router-workers", type=int, metavar="N",
       help="processes serving the router port, this one included (default 1; Linux)")

@@ -288,7 +288,7 @@ def port_free(host: str, port: int, udp: bool = False) -> bool:
     return True
 
 
-def pick_ports(ips: list[str], per_node: int = 5, rng: random.Random | None = None,
+def pick_ports(ips: list[str], per_node: int = 6, rng: random.Random | None = None,
                attempts: int = 200) -> list[int]:
     """``per_node`` ports for each of ``ips``: node ``i`` gets ``base + i*per_node + k`` (all
     nodes on distinct ports, which also works when every node shares 127.0.0.1).
@@ -359,6 +359,7 @@ class Node:
         self.gossip_port, self.admin_port, self.metrics_port = (base_port, base_port + 1,
                                                                 base_port + 2)
         self.score_port, self.router_port = base_port + 3, base_port + 4
+        self.router_http_port = base_port + 5
         self.args = list(args)
         self.module = "meshd.cli"
         """What ``python -m`` runs (tests.fake_gpu_agent: the agent over a fake NVML)."""
@@ -401,6 +402,7 @@ class Node:
         c = self.cluster
         cmd = [sys.executable, "-m", self.module, "--node", self.name, "--bind", self.gossip,
                "--admin", self.admin, "--score", self.score, "--router", self.router,
+               "--router-http", f"{self.ip}:{self.router_http_port}",
                "--metrics", f"{self.ip}:{self.metrics_port}" if c.metrics else "off",
                "--profile", c.profile, "--data-dir", str(self.data_dir)]
         for seed in join or []:

@@ -52,10 +52,11 @@ def test_unknown_models_are_not_found_in_tritons_words(fleet: Any) -> None:
     h, servers = fleet
     via, direct = tc.InferenceServerClient(h.addr), tc.InferenceServerClient(servers[0].grpc_url)
     for call in (lambda c: c.get_model_metadata("nope"), lambda c: c.get_model_config("nope"),
-                 lambda c: c.infer("nope", []), lambda c: add_sub(c, 4, model_version="7")
-                 if False else c.get_model_metadata("add_sub", model_version="7"),
+                 lambda c: c.infer("nope", []),
+                 lambda c: c.get_model_metadata("add_sub", model_version="7"),
+                 lambda c: add_sub(c, 4, model_version="7"),
                  lambda c: c.get_inference_statistics("nope")):
-        assert _error(lambda: call(via)) == _error(lambda: call(direct))
+        assert _error(lambda: call(via)) == _error(lambda: call(direct))  # noqa: B023
     assert _error(lambda: via.infer("nope", [])) == (
         "StatusCode.NOT_FOUND", "Request for unknown model: 'nope' is not found")
     assert via.is_model_ready("nope") == direct.is_model_ready("nope") is False
@@ -129,57 +130,61 @@ def test_explicit_contents_pass_and_mixing_them_with_raw_is_refused_as_triton_do
     assert "contents field must not be specified" in errors[0][1]
 
 
+def _shm_round(addr: str, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """add_sub with its inputs and outputs in shared memory, through ``addr``; the outputs."""
+    client = tc.InferenceServerClient(addr)
+    client.unregister_system_shared_memory()
+    tag = addr.replace(".", "_").replace(":", "_")
+    hin = shm.create_shared_memory_region(f"in{tag}", f"/meshd_in_{tag}", 128)
+    hout = shm.create_shared_memory_region(f"out{tag}", f"/meshd_out_{tag}", 128)
+    try:
+        shm.set_shared_memory_region(hin, [a, b])
+        client.register_system_shared_memory("input", f"/meshd_in_{tag}", 128)
+        client.register_system_shared_memory("output", f"/meshd_out_{tag}", 128)
+        status = client.get_system_shared_memory_status(as_json=True)
+        assert {r["name"] for r in status["regions"].values()} == {"input", "output"}
+        assert _error(lambda: client.register_system_shared_memory(
+            "input", f"/meshd_in_{tag}", 128)) == (
+            "StatusCode.ALREADY_EXISTS", "shared memory region 'input' already in manager")
+        inputs = [tc.InferInput("INPUT0", [1, 16], "FP32"),
+                  tc.InferInput("INPUT1", [1, 16], "FP32")]
+        inputs[0].set_shared_memory("input", 64)
+        inputs[1].set_shared_memory("input", 64, offset=64)
+        outputs = [tc.InferRequestedOutput("OUTPUT0"), tc.InferRequestedOutput("OUTPUT1")]
+        outputs[0].set_shared_memory("output", 64)
+        outputs[1].set_shared_memory("output", 64, offset=64)
+        result = client.infer("add_sub", inputs, outputs=outputs)
+        # In the region: the reply carries an empty entry for each, as Triton's does.
+        assert list(result.get_response().raw_output_contents) == [b"", b""]
+        got = (shm.get_contents_as_numpy(hout, np.float32, [1, 16]).copy(),
+               shm.get_contents_as_numpy(hout, np.float32, [1, 16], offset=64).copy())
+        small = tc.InferRequestedOutput("OUTPUT0")
+        small.set_shared_memory("output", 8)
+        assert _error(lambda: client.infer("add_sub", inputs, outputs=[small]))[0] == \
+            "StatusCode.INTERNAL"
+        client.unregister_system_shared_memory("input")
+        assert _error(lambda: client.get_system_shared_memory_status("input")) == (
+            "StatusCode.NOT_FOUND", "Unable to find system shared memory region: 'input'")
+        assert _error(lambda: client.infer("add_sub", inputs))[0] == "StatusCode.NOT_FOUND"
+        assert _error(lambda: client.register_system_shared_memory(
+            "bad", "/meshd-no-such-key", 64)) == (
+            "StatusCode.INTERNAL", "Unable to open shared memory region: '/meshd-no-such-key'")
+        client.unregister_system_shared_memory()
+        assert client.get_system_shared_memory_status(as_json=True) == {}
+        return got
+    finally:
+        shm.destroy_shared_memory_region(hin)
+        shm.destroy_shared_memory_region(hout)
+
+
 def test_system_shared_memory_through_a_router_on_the_clients_host(fleet: Any) -> None:
     h, servers = fleet
     a = np.arange(16, dtype=np.float32).reshape(1, 16)
     b = np.ones((1, 16), dtype=np.float32)
-    outs = []
-    for addr in (servers[0].grpc_url, h.addr):
-        client = tc.InferenceServerClient(addr)
-        client.unregister_system_shared_memory()
-        tag = addr.replace(".", "_").replace(":", "_")
-        hin = shm.create_shared_memory_region(f"in{tag}", f"/meshd_in_{tag}", 128)
-        hout = shm.create_shared_memory_region(f"out{tag}", f"/meshd_out_{tag}", 128)
-        try:
-            shm.set_shared_memory_region(hin, [a, b])
-            client.register_system_shared_memory("input", f"/meshd_in_{tag}", 128)
-            client.register_system_shared_memory("output", f"/meshd_out_{tag}", 128)
-            status = client.get_system_shared_memory_status(as_json=True)
-            assert {r["name"] for r in status["regions"].values()} == {"input", "output"}
-            assert _error(lambda: client.register_system_shared_memory(
-                "input", f"/meshd_in_{tag}", 128)) == (
-                "StatusCode.ALREADY_EXISTS", "shared memory region 'input' already in manager")
-            inputs = [tc.InferInput("INPUT0", [1, 16], "FP32"),
-                      tc.InferInput("INPUT1", [1, 16], "FP32")]
-            inputs[0].set_shared_memory("input", 64)
-            inputs[1].set_shared_memory("input", 64, offset=64)
-            outputs = [tc.InferRequestedOutput("OUTPUT0"), tc.InferRequestedOutput("OUTPUT1")]
-            outputs[0].set_shared_memory("output", 64)
-            outputs[1].set_shared_memory("output", 64, offset=64)
-            result = client.infer("add_sub", inputs, outputs=outputs)
-            # In the region: the reply carries an empty entry for each, as Triton's does.
-            assert list(result.get_response().raw_output_contents) == [b"", b""]
-            outs.append((shm.get_contents_as_numpy(hout, np.float32, [1, 16]).copy(),
-                         shm.get_contents_as_numpy(hout, np.float32, [1, 16], offset=64).copy()))
-            small = tc.InferRequestedOutput("OUTPUT0")
-            small.set_shared_memory("output", 8)
-            assert _error(lambda: client.infer("add_sub", inputs, outputs=[small]))[0] == \
-                "StatusCode.INTERNAL"
-            client.unregister_system_shared_memory("input")
-            assert _error(lambda: client.get_system_shared_memory_status("input")) == (
-                "StatusCode.NOT_FOUND", "Unable to find system shared memory region: 'input'")
-            assert _error(lambda: client.infer("add_sub", inputs))[0] == "StatusCode.NOT_FOUND"
-            assert _error(lambda: client.register_system_shared_memory(
-                "bad", "/meshd-no-such-key", 64)) == (
-                "StatusCode.INTERNAL", "Unable to open shared memory region: '/meshd-no-such-key'")
-            client.unregister_system_shared_memory()
-            assert client.get_system_shared_memory_status(as_json=True) == {}
-        finally:
-            shm.destroy_shared_memory_region(hin)
-            shm.destroy_shared_memory_region(hout)
-    np.testing.assert_array_equal(outs[0][0], a + b)
-    np.testing.assert_array_equal(outs[1][0], a + b)
-    np.testing.assert_array_equal(outs[1][1], a - b)
+    direct, via = (_shm_round(addr, a, b) for addr in (servers[0].grpc_url, h.addr))
+    np.testing.assert_array_equal(direct[0], a + b)
+    np.testing.assert_array_equal(via[0], a + b)
+    np.testing.assert_array_equal(via[1], a - b)
 
 
 def test_what_acts_on_one_server_is_unimplemented_saying_why(fleet: Any) -> None:

@@ -195,7 +195,7 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
                     start(False)
         code, details = last_error
         report("", 0.0, STATUS_OF.get(code, Status.ERROR), False, True)
-        raise Failed(code, f"every replica tried failed; last: {details}")
+        raise Failed(code, details)  # the last replica's own words, as Triton gave them
     except asyncio.CancelledError:  # the client went away
         cancel_all(Status.CANCELLED)
         report("", 0.0, Status.CANCELLED, False, True)
@@ -238,10 +238,12 @@ async def _in_turn(raw: bytes, method: str, queue: list[Choice], *, upstreams: U
                 raise Failed(code, details) from None
             last = (code, details)
             continue
-        report(choice.replica, clock() - started, Status.OK, False, True)
+        # Reported once the reply is on its way: the client does not wait for the bookkeeping.
+        asyncio.get_running_loop().call_soon(report, choice.replica, clock() - started,
+                                             Status.OK, False, True)
         _end(span, Status.OK)
         return reply
-    raise Failed(last[0], f"every replica tried failed; last: {last[1]}")
+    raise Failed(last[0], last[1])  # the last replica's own words, as Triton gave them
 
 
 def _error(exc: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -170,6 +170,9 @@ class Gateway:
         self.tracer: RequestTracer | None = None
         """Set when tracing is on (:mod:`meshd.tracing`): each sampled request is a trace."""
         self._fleet: tuple[float, service_pb2.ServerMetadataResponse] | None = None
+        self.auth: Any = None
+        """The clients' authentication (:class:`meshd.router.auth.ClientAuth`), shared by the
+        ingresses."""
         self.shm: Any = None
         """System shared memory regions on this host (:class:`meshd.router.shm.Regions`), when
         the router serves them."""
@@ -348,6 +351,10 @@ class Gateway:
         if name:
             endpoints = await self._endpoints(name, version)
             if not endpoints:
+                known = await self.ask(self.scoring.models())
+                if version and any(m == name for m, _ in known):
+                    raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, "requested model version "
+                                      f"is not available for model '{name}'")
                 raise RouterError(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"requested model '{name}' is not available")
         else:

@@ -7,20 +7,25 @@ client certificate or, when a token file is configured, a per-tenant bearer toke
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from aiohttp import web
 
 from certs import tls
 from certs.verify import PeerVerifier
 from meshd.router.auth import ClientAuth, load_tokens
 from meshd.router.gateway import Gateway
+from meshd.router.http import HttpService
 from meshd.router.kserve import KServeService
 from meshd.router.scoring import Scoring
 from meshd.router.shm import Regions
 from meshd.router.upstream import MAX_MESSAGE
 
+HTTP_GRACE = 5.0
+"""Seconds the HTTP ingress gives requests in flight when it stops."""
 SHM_DIR = "router-shm"
 """The folder of the data directory holding the router's shared memory registrations."""
 
@@ -38,6 +43,7 @@ async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, i
     auth = ClientAuth(dev=dev, tokens=tokens, verifier=verifier)
     router = Gateway(scoring, clock, node=node)
     router.shm = Regions(router, shm_dir)
+    router.auth = auth
     service = KServeService(router, auth)
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 1 if reuse_port else 0),
@@ -58,3 +64,26 @@ async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, i
         raise OSError(f"cannot bind the router on {target} (address in use?)")
     await server.start()
     return server, router, f"{host}:{bound}"
+
+
+async def serve_http(gateway: Gateway, addr: tuple[str, int], *,
+                     ssl_context: ssl.SSLContext | None, reuse_port: bool = False,
+                     auth: ClientAuth | None = None) -> tuple[web.AppRunner, str]:
+    """The router's HTTP/REST ingress (Triton's KServe v2 HTTP protocol) over ``gateway`` (as
+    :func:`serve` made it: its clients' authentication and shared memory regions are the gRPC
+    ingress's): the started runner (``await runner.cleanup()`` stops it) and the address it is
+    bound to.  TLS with ``ssl_context`` (plaintext without: ``--dev`` only); ``reuse_port``
+    lets worker processes share the port.  A client that disconnects cancels its request."""
+    service = HttpService(gateway, auth or gateway.auth, shm=gateway.shm)
+    runner = web.AppRunner(service.app(), access_log=None, handler_cancellation=True,
+                           shutdown_timeout=HTTP_GRACE)
+    await runner.setup()
+    host, port = addr
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0][1] if runner.addresses else port
+    return runner, f"{host}:{bound}"

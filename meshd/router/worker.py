@@ -23,9 +23,11 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 import sys
 from pathlib import Path
 
+from certs import tls
 from certs.identity import Identity, IdentityError
 from certs.revocation import Revocations
 from certs.verify import PeerVerifier
@@ -60,6 +62,8 @@ class Files:
                                                   self.revocations_file),
             intermediates=self.identity.chain[1:])
         self._stamps = self._stat()
+        self.contexts: list[ssl.SSLContext] = []
+        """TLS contexts (the HTTP ingress's) given the renewed certificate on a reload."""
 
     def _stat(self) -> tuple[float, ...]:
         out = []
@@ -84,6 +88,8 @@ class Files:
         if ident.chain != self.identity.chain:
             self.identity = ident
             self.verifier.set_bundle(ident.bundle)
+            for ctx in self.contexts:
+                tls.reload(ctx, self.id_dir)
         td = ident.spiffe_id.trust_domain
         self.verifier.revocations.cutoffs = Revocations(ident.bundle, td,
                                                         self.revocations_file).cutoffs
@@ -100,6 +106,15 @@ async def run(args: argparse.Namespace) -> int:
         tokens_file=args.tokens, node=args.node, reuse_port=True,
         verifier=files.verifier if files is not None else None,
         shm_dir=Path(args.data) / router_server.SHM_DIR)
+    http = None
+    if args.router_http:
+        ctx = None
+        if files is not None:  # HTTPS: a client certificate is asked for, a token will do
+            ctx = tls.server_context(files.id_dir, require_client_cert=False)
+            files.contexts.append(ctx)
+        http, _ = await router_server.serve_http(
+            router, parse_hostport(args.router_http, 0, "router_http"), ssl_context=ctx,
+            reuse_port=True)
     traces = tracing.setup("meshd", args.node)
     router.tracer = request_tracer(traces)
     life = f"{args.node}/{os.getpid()}/{int(loop.time() * 1000)}"
@@ -129,7 +144,10 @@ async def run(args: argparse.Namespace) -> int:
                 log.warning("cannot report counters", extra={
                     "event": "router_counters_failed", "detail": str(exc)})
     finally:
-        await server.stop(GRACE)
+        stops = [server.stop(GRACE)]
+        if http is not None:
+            stops.append(http.cleanup())
+        await asyncio.gather(*stops)
         try:
             await scoring.send_counters(router.counters.to_pb(life))
         except ScoringUnavailable:
@@ -149,6 +167,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--router", required=True, help="the router address to share, HOST:PORT")
     p.add_argument("--data", required=True, help="the agent's data directory")
     p.add_argument("--node", required=True)
+    p.add_argument("--router-http", default="",
+                   help="the router's HTTP/REST address to share, HOST:PORT")
     p.add_argument("--tokens", default="", help="per-tenant bearer token file")
     p.add_argument("--dev", action="store_true", help="plaintext port (dev mode)")
     p.add_argument("--log-level", default="info")
