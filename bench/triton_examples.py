@@ -271,6 +271,58 @@ def _server_urls(server: Any) -> dict[str, str]:
     return {"grpc": server.grpc_url, "http": _hostport(server.http_url)}
 
 
+@contextlib.contextmanager
+def meshd_router(servers: list[Any], work: Path, workers: int) -> Iterator[dict[str, str]]:
+    """A real meshd agent (``--dev --role router``, ``--router-workers``) with ``servers``
+    attached (``--triton``), once it routes every model they serve: its gRPC and HTTP URLs."""
+    import tritonclient.grpc as tc
+
+    from meshd.devtriton import pick_ports
+
+    ports = pick_ports("127.0.0.1", 5)
+    grpc_url, http_url = f"127.0.0.1:{ports[3]}", f"127.0.0.1:{ports[4]}"
+    cmd = [sys.executable, "-m", "meshd.cli", "--dev", "--node", "router",
+           "--bind", f"127.0.0.1:{ports[0]}", "--admin", f"127.0.0.1:{ports[1]}",
+           "--score", f"127.0.0.1:{ports[2]}", "--metrics", "off", "--role", "router",
+           "--router", grpc_url, "--router-http", http_url,
+           "--router-workers", str(workers), "--data-dir", str(work), "--log-level", "warning"]
+    for server in servers:
+        cmd += ["--triton", f"{server.grpc_url},metrics={server.metrics_url}"]
+    work.mkdir(parents=True, exist_ok=True)
+    log_file = open(work / "agent.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    log_file.close()
+    try:
+        want = {m["name"] for m in tc.InferenceServerClient(servers[0].grpc_url)
+                .get_model_repository_index(as_json=True).get("models", [])
+                if m.get("state") == "READY"}
+        end = time.monotonic() + 60
+        while True:
+            try:
+                index = tc.InferenceServerClient(grpc_url).get_model_repository_index(
+                    as_json=True)
+                if want <= {m["name"] for m in index.get("models", [])
+                            if m.get("state") == "READY"}:
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            if proc.poll() is not None or time.monotonic() > end:
+                tail = (work / "agent.log").read_text(errors="replace").splitlines()[-15:]
+                raise SystemExit("the meshd router did not come up; its log ends:\n"
+                                 + "\n".join(tail))
+            time.sleep(0.5)
+        time.sleep(2.0)  # the worker processes listening too
+        yield {"grpc": grpc_url, "http": http_url}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def sized_repository(repo: Path, count: int, dest: Path) -> Path:
     """A repository of ``count`` links into ``repo``: ``simple`` and the first others."""
     models = sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file())
@@ -311,6 +363,13 @@ def run_with_triton(args: argparse.Namespace, cases: list[Case],
                     print(f"  triton: grpc {s.grpc_url}  http {s.http_url}", flush=True)
                 outcomes += run_cases(plain, examples, _server_urls(servers[0]), args.python,
                                       args.timeout)
+                if args.through_router:
+                    with meshd_router(servers, work / "router", args.router_workers) as urls:
+                        setup["router"] = urls
+                        print(f"through the meshd router: grpc {urls['grpc']}  http "
+                              f"{urls['http']}", flush=True)
+                        routed = run_cases(plain, examples, urls, args.python, args.timeout)
+                    setup["through_router"] = [asdict(o) for o in routed]
         finally:
             stop_all(servers)
         for case in control:
@@ -348,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
                    "(7 models in its index) for simple_http_model_control")
     p.add_argument("--start-triton", type=int, default=0, metavar="N",
                    help="start N Tritons on --repo and run against the first")
+    p.add_argument("--through-router", action="store_true",
+                   help="with --start-triton: also run them through a meshd router (a real "
+                        "agent, --dev --role router) in front of all the Tritons")
+    p.add_argument("--router-workers", type=int, default=2, metavar="N",
+                   help="processes serving the router's ports with --through-router (2)")
     p.add_argument("--repo", type=Path, default=DEFAULT_REPO,
                    help=f"model repository for --start-triton ({DEFAULT_REPO.relative_to(ROOT)})")
     p.add_argument("--only", help="comma-separated script names, case names or globs")
@@ -357,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.start_triton < 0:
         p.error("--start-triton must be >= 0")
+    if args.through_router and not args.start_triton:
+        p.error("--through-router needs --start-triton N")
     if not args.start_triton and not (args.url_grpc and args.url_http):
         p.error("give --url-grpc and --url-http, or --start-triton N")
 
@@ -392,11 +458,26 @@ def main(argv: list[str] | None = None) -> int:
     seen = {o.name for o in outcomes}
     outcomes += [Outcome(c.name, "skip", c.skip) for c in cases if c.name not in seen]
 
-    rows = [[o.name, o.result.upper(), o.detail.replace("|", "\\|")] for o in outcomes]
-    print()
-    print(format_table(["example", "result", "detail"], rows))
+    routed = {o["name"]: o for o in setup.get("through_router", [])}
+    if routed:
+        rows = [[o.name, o.result.upper(),
+                 routed[o.name]["result"].upper() if o.name in routed else "-",
+                 (routed[o.name]["detail"] if o.name in routed and
+                  routed[o.name]["result"] != "pass" else o.detail).replace("|", "\\|")]
+                for o in outcomes]
+        print()
+        print(format_table(["example", "direct", "through the router", "detail"], rows))
+    else:
+        rows = [[o.name, o.result.upper(), o.detail.replace("|", "\\|")] for o in outcomes]
+        print()
+        print(format_table(["example", "result", "detail"], rows))
     counts = {r: sum(o.result == r for o in outcomes)
               for r in ("pass", "fail", "xfail", "timeout", "skip")}
+    if routed:
+        via = {r: sum(o["result"] == r for o in routed.values())
+               for r in ("pass", "fail", "xfail", "timeout", "skip")}
+        print("\nthrough the router: " + ", ".join(f"{n} {r}" for r, n in via.items()))
+        counts = {r: counts[r] + via[r] for r in counts}
     wall = time.monotonic() - started
     print("\n" + ", ".join(f"{n} {r}" for r, n in counts.items()) + f"; {wall:.0f} s")
     if args.out:

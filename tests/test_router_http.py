@@ -609,7 +609,6 @@ def test_generate_matches_triton(router: HttpRouter, tritons: list[TritonServer]
 def test_what_a_router_cannot_do_is_501_saying_why(router: HttpRouter,
                                                    tritons: list[TritonServer]) -> None:
     for method, path, why in (
-            ("GET", "/v2/cudasharedmemory/status", "CUDA shared memory lives in one GPU"),
             ("POST", "/v2/cudasharedmemory/region/r/register", "CUDA shared memory"),
             ("POST", "/v2/repository/models/add_sub/load", "repository control acts on one"),
             ("POST", "/v2/repository/models/add_sub/unload", "repository control acts on one"),

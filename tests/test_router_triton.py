@@ -190,7 +190,17 @@ def test_system_shared_memory_through_a_router_on_the_clients_host(fleet: Any) -
 def test_what_acts_on_one_server_is_unimplemented_saying_why(fleet: Any) -> None:
     h, _ = fleet
     via = tc.InferenceServerClient(h.addr)
-    code, message = _error(lambda: via.get_cuda_shared_memory_status())
+    code, message = _error(lambda: via.register_cuda_shared_memory("r", b"aGFuZGxl", 0, 64))
     assert code == "StatusCode.UNIMPLEMENTED" and "device memory" in message
+    # None registered: nothing to list or unregister, as a server without any answers.
+    assert via.get_cuda_shared_memory_status(as_json=True) == {}
+    via.unregister_cuda_shared_memory()
+    assert _error(lambda: via.get_cuda_shared_memory_status("r")) == (
+        "StatusCode.NOT_FOUND", "Unable to find cuda shared memory region: 'r'")
+    # A version string that is none: Triton's words.
+    direct = tc.InferenceServerClient(fleet[1][0].grpc_url)
+    for version in ("wrong_specification", "-1"):
+        assert _error(lambda: via.get_model_metadata("add_sub", version)) == _error(  # noqa: B023
+            lambda: direct.get_model_metadata("add_sub", version))  # noqa: B023
     code, message = _error(lambda: via.load_model("add_sub"))
     assert code == "StatusCode.UNIMPLEMENTED" and "ModelPin" in message

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -78,6 +79,24 @@ def unknown_model(model: str, version: str) -> RouterError:
     which = f"'{model}' version {version}" if version else f"'{model}'"
     return RouterError(grpc.StatusCode.NOT_FOUND, f"Request for unknown model: {which} is not "
                                                   "found")
+
+
+_VERSION = re.compile(r"\s*[+-]?\d+")
+
+
+def check_version(version: str) -> None:
+    """Triton's answer for a version string that is not a version (it reads it with
+    ``std::stol``: a leading integer, then anything), or None."""
+    if not version:
+        return
+    m = _VERSION.match(version)
+    if m is None:
+        raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, "failed to get model version from "
+                          f"specified version string '{version}' (details: stol), version "
+                          "should be an integral value > 0")
+    if int(m.group()) <= 0:
+        raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, "invalid model version specified "
+                          f"'{version}' , version should be an integral value > 0")
 
 
 def sequence_of(req: service_pb2.ModelInferRequest) -> tuple[int | str, bool, bool] | None:
@@ -302,7 +321,11 @@ class Gateway:
 
     async def _missing(self, model: str, version: str) -> RouterError:
         """NOT_FOUND for a model (version) no node reports; UNAVAILABLE for one that is known
-        with no ready replica."""
+        with no ready replica; Triton's INVALID_ARGUMENT for a version string that is none."""
+        try:
+            check_version(version)
+        except RouterError as exc:
+            return exc
         known = await self.ask(self.scoring.models())
         if any(m == model and (not version or v == version) for m, v in known):
             return RouterError(grpc.StatusCode.UNAVAILABLE,
@@ -351,6 +374,7 @@ class Gateway:
         if name:
             endpoints = await self._endpoints(name, version)
             if not endpoints:
+                check_version(version)
                 known = await self.ask(self.scoring.models())
                 if version and any(m == name for m, _ in known):
                     raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, "requested model version "
@@ -425,7 +449,10 @@ class Gateway:
         return any(models.values())
 
     async def model_ready(self, name: str, version: str) -> bool:
-        return bool(await self._endpoints(name, version))
+        if await self._endpoints(name, version):
+            return True
+        check_version(version)
+        return False
 
     @property
     def version(self) -> str:

@@ -261,9 +261,19 @@ class HttpService:
             return await self.system_shm(request, m[1] or "", m[2])
         m = _CUDA_SHM.fullmatch(path)
         if m is not None:
+            # A router holds no CUDA regions: none to list or unregister, as a server with none
+            # answers; registering one is what it cannot do.
             action = m[2]
-            return self._no_server(request, f"CudaSharedMemory{action.capitalize()}",
-                                   ("GET",) if action == "status" else ("POST",))
+            if action == "register":
+                return self._no_server(request, "CudaSharedMemoryRegister", ("POST",))
+            if request.method != ("GET" if action == "status" else "POST"):
+                return _not_allowed(False)
+            if action == "unregister":
+                return web.Response(headers={"Content-Type": _JSON})
+            if m[1]:
+                return error_response(404, f"Unable to find cuda shared memory region: "
+                                           f"'{m[1]}'")
+            return _json_body([])
         m = _REPOSITORY.fullmatch(path)
         if m is not None:
             if m[2] == "index":

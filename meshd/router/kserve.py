@@ -41,14 +41,9 @@ NO_SERVER_METHODS = {
                            "the mesh is meshd's (ModelPin policies), not a client's call",
     "RepositoryModelUnload": "repository control acts on one server; model placement across "
                              "the mesh is meshd's (ModelPin policies), not a client's call",
-    "CudaSharedMemoryStatus": "CUDA shared memory lives in one GPU server's device memory; "
-                              "a router cannot read or write it (use system shared memory or "
-                              "send tensors in the request)",
     "CudaSharedMemoryRegister": "CUDA shared memory lives in one GPU server's device memory; "
                                 "a router cannot read or write it (use system shared memory "
                                 "or send tensors in the request)",
-    "CudaSharedMemoryUnregister": "CUDA shared memory lives in one GPU server's device "
-                                  "memory; a router cannot read or write it",
     "TraceSetting": "trace settings act on one server; the router traces with OTLP",
     "LogSettings": "log settings act on one server",
 }
@@ -94,6 +89,10 @@ class KServeService:
                                                         svc.SystemSharedMemoryUnregisterRequest),
             "SystemSharedMemoryStatus": self._typed(self.shm_status,
                                                     svc.SystemSharedMemoryStatusRequest),
+            "CudaSharedMemoryStatus": self._typed(self.cuda_status,
+                                                  svc.CudaSharedMemoryStatusRequest),
+            "CudaSharedMemoryUnregister": self._typed(self.cuda_unregister,
+                                                      svc.CudaSharedMemoryUnregisterRequest),
         }
         for name, why in NO_SERVER_METHODS.items():
             handlers[name] = grpc.unary_unary_rpc_method_handler(_unimplemented(name, why))
@@ -258,6 +257,19 @@ class KServeService:
 
     async def shm_status(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         return self._regions().status(req.name)
+
+
+    # A router holds no CUDA regions: none to list or unregister, as a server with none
+    # answers; registering one is what it cannot do (NO_SERVER_METHODS).
+
+    async def cuda_status(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        if req.name:
+            raise RouterError(grpc.StatusCode.NOT_FOUND,
+                              f"Unable to find cuda shared memory region: '{req.name}'")
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    async def cuda_unregister(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
 
 
 def _unimplemented(name: str, why: str) -> Callable[..., Any]:
