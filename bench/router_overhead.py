@@ -1,52 +1,81 @@
-"""What the router adds to a request: latency and CPU, against a bare byte-forwarding proxy.
+"""What the router adds to a request, over gRPC and HTTP: latency and CPU, against a bare
+byte-forwarding proxy of the same protocol (the floor) and NGINX (what users put in front of
+Triton today).
 
     ./dev bench router_overhead [--quick] [--rounds 15] [--calls 500] [--profile] ...
     .venv/bin/python bench/router_overhead.py ...
 
-Bars (from the issue): the router's CPU per request <= 1.2x a bare grpc.aio byte-forwarding
-proxy's measured in the same run (that proxy costs about 0.55-0.6 ms of CPU per request on
-these machines); added p50 latency (router - direct) <= 1 ms at concurrency 1.
+Bars (from the issue), for gRPC and for HTTP, each against the bare proxy of the same
+protocol measured in the same run:
+
+* the router's added p50 at concurrency 1 <= the bare proxy's added p50 + 0.1 ms (added =
+  path - direct; so: router p50 - proxy p50 <= 0.1 ms, pooled and as the median of the
+  per-round differences);
+* the router's CPU per request <= 1.2x the bare proxy's, at concurrency 16 (concurrency 1 is
+  reported beside it).
+
+NGINX's figures are reported beside ours as they are, with no bar.
 
 One real Triton server (``meshd.devtriton.TritonServer`` on ``tests/triton_models``, serving
-``add_sub`` only), and three paths to it, each client a ``tritonclient`` sending ``add_sub``
-with two [1, 16] FP32 inputs (built once):
+``add_sub`` only), and the paths to it, for each protocol.  Every client is a ``tritonclient``
+sending ``add_sub`` with two [1, 16] FP32 inputs (built once), binary tensor data both ways
+over HTTP (tritonclient's default: binary inputs, ``binary_data_output``):
 
-* ``direct``: tritonclient -> Triton;
-* ``proxy``: tritonclient -> a bare proxy (a child process of this script): a ``grpc.aio``
-  server with one generic handler that forwards the request's raw bytes to Triton with a raw
-  ``unary_unary`` multicallable (no serializers) and returns the reply's raw bytes - no
-  parsing, no metadata, no deadline;
-* ``router``: tritonclient -> the meshd router (a child process): a ``FusedState`` listing
-  the Triton endpoint as a ready replica of ``add_sub`` on one node (its ``at`` times
-  refreshed every 0.5 s, as ``tests/test_router.py``'s RouterHarness does), a ``Scorer`` over
-  it (default policy: ``hybrid``) and ``meshd.router.server.serve(..., dev=True)`` on
-  loopback;
-* ``worker``: tritonclient -> a router worker process (``meshd.router.worker``, started by the
-  router child through ``meshd.router.pool.WorkerPool``, as ``--router-workers`` does) on a
-  port of its own, scoring through the router child's score link on a Unix socket.  Its CPU
-  per request is the worker's plus the router child's (which serves the score calls and
-  outcome stream in that round): what one request through a worker costs the node.  No bar:
-  it is the price of serving one port from several cores.
+* ``direct``: tritonclient -> Triton (its gRPC port; its HTTP port);
+* ``proxy``: tritonclient -> a bare proxy (a child process of this script).  gRPC: a
+  ``grpc.aio`` server with one generic handler that forwards the request's raw bytes to
+  Triton with a raw ``unary_unary`` multicallable (no serializers) and returns the reply's
+  raw bytes - no parsing, no metadata, no deadline.  HTTP: an ``aiohttp.web`` server with one
+  catch-all handler forwarding method, path, headers and body to Triton's HTTP port over one
+  shared ``aiohttp.ClientSession`` and returning status, headers and body (hop-by-hop headers
+  dropped, no decompression) - no parsing beyond what aiohttp does;
+* ``nginx``: tritonclient -> Debian's nginx, started by this script as the current user with a
+  generated config (``daemon off``, ``master_process on``, ``worker_processes 1``, access log
+  off): ``grpc_pass grpc://`` on an ``http2`` listener, and ``proxy_pass`` with
+  ``proxy_http_version 1.1`` and ``Connection ""``, each to an upstream block with
+  ``keepalive 32``; ``keepalive_requests`` raised (client and upstream side) so connections
+  are not recycled every 1000 requests.  Skipped ("nginx not installed") without
+  ``/usr/sbin/nginx`` (``apt-get install nginx-light``);
+* ``router``: tritonclient -> the meshd router (a child process, both protocols on separate
+  ports): a ``FusedState`` listing the Triton gRPC endpoint as a ready replica of ``add_sub`` on
+  one node (its ``at`` times refreshed every 0.5 s, as ``tests/test_router.py``'s
+  RouterHarness does), a ``Scorer`` over it (default policy: ``hybrid``; its adaptive
+  concurrency limit's floor raised from 2 to 32, else concurrency 16 against the one replica
+  sheds once the load raises its latency - the limiter still runs on every request),
+  ``meshd.router.server.serve(..., dev=True)`` (gRPC) and ``serve_http`` (HTTP, the same
+  gateway, ``ClientAuth(dev=True)``) on loopback.  "n/a" for HTTP while ``serve_http`` does
+  not exist;
+* ``worker`` (gRPC): tritonclient -> a router worker process (``meshd.router.worker``, started
+  by the router child through ``meshd.router.pool.WorkerPool``, as ``--router-workers`` does)
+  on a port of its own, scoring through the router child's score link on a Unix socket.  Its
+  CPU per request is the worker's plus the router child's (which serves the score calls and
+  outcome stream in that round): what one request through a worker costs the node.  No bar.
 
-Each proxy runs in its own process and measures its own CPU (``getrusage(RUSAGE_SELF)``: user
-+ system, all threads), asked before and after each round: CPU per request = the difference
-over the round's requests.  Rounds interleave the paths (the starting path rotates), so
-they share the machine's noise:
+CPU per request: each Python proxy runs in its own process and measures its own CPU
+(``getrusage(RUSAGE_SELF)``: user + system, all threads), asked before and after each round;
+NGINX's is its master's and workers' utime + stime from ``/proc/<pid>/stat`` (10 ms ticks)
+before and after each round.  CPU per request = the difference over the round's requests.
+For each protocol and concurrency, rounds interleave the paths (the starting path rotates),
+so they share the machine's noise:
 
-* concurrency 1: sync ``tritonclient.grpc``, ``--calls`` requests per path and round, each
-  timed (``perf_counter_ns``): p50/p99 latency per path, added p50 (router - direct, proxy -
-  direct; pooled, and the median of the per-round paired differences), CPU per request;
-* concurrency 8: ``tritonclient.grpc.aio`` with 8 workers, ``--calls-c8`` requests per path
-  and round: throughput and CPU per request.
+* concurrency 1: sync clients (``tritonclient.grpc``; ``tritonclient.http``, geventhttpclient),
+  ``--calls`` requests per path and round, each timed (``perf_counter_ns``);
+* concurrency 16: ``tritonclient.grpc.aio`` / ``tritonclient.http.aio`` (aiohttp) with 16
+  workers, ``--calls-c16`` requests per path and round.  aiohttp asks for compressed replies
+  by default (``Accept-Encoding: gzip, deflate, br``) and Triton gzips them; the sync HTTP
+  client asks for none.  Each HTTP path's reply encoding to the aio client is recorded.
 
-Triton's own CPU (the server and its Python-backend stub) per request is recorded for
-context.  Then, when the router misses the CPU bar (or with ``--profile``), both proxies are
-profiled with cProfile (in their event-loop thread) over ``--profile-calls`` requests at
-concurrency 8 - after the measurement, so the profiler's cost is not in the numbers - and the
-top functions are written next to the results.
+Per path: p50 and p99; added p50 and p99 against direct, pooled and as the median of the
+per-round paired differences (with their spread over rounds); CPU per request and its ratio to
+the bare proxy of the same protocol; throughput.  Triton's own CPU (server and Python-backend
+stub, /proc) and the client's are recorded for context.  Then, when the router misses a CPU
+bar (or with ``--profile``), the router child is profiled at concurrency 16 for both protocols
+- its own steps timed in place, and cProfile of its event-loop thread over ``--profile-calls``
+requests, the bare proxies likewise for comparison - after the measurement, so the profilers'
+cost is not in the numbers; the top functions are written next to the results.
 
 The machine is shared (2 cores, other sessions' jobs): load averages and the CPU others used
-are recorded.  Prints one table and writes ``bench/results/router_overhead.{json,md}``.
+are recorded.  Prints the tables and writes ``bench/results/router_overhead.{json,md}``.
 ``--quick`` is a smoke check (small sizes) and says so.
 """
 
@@ -63,12 +92,16 @@ import platform
 import pstats
 import resource
 import shutil
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +125,38 @@ from bench.table import (  # noqa: E402
     verdict,
 )
 
-PATHS = ("direct", "proxy", "router", "worker")
-PROXIES = ("proxy", "router", "worker")
+PROTOCOLS = ("grpc", "http")
+PATHS: dict[str, tuple[str, ...]] = {"grpc": ("direct", "proxy", "nginx", "router", "worker"),
+                                     "http": ("direct", "proxy", "nginx", "router")}
+CONCURRENCY = (1, 16)
+PHASES = tuple((proto, conc) for proto in PROTOCOLS for conc in CONCURRENCY)
+LABEL = {"grpc": "gRPC", "http": "HTTP"}
 MODEL = "add_sub"
 WIDTH = 16
 CPU_RATIO_BAR = 1.2
-ADDED_P50_BAR_MS = 1.0
-PROXY_CPU_EXPECTED_MS = (0.55, 0.6)
+ADDED_P50_MARGIN_MS = 0.1
+"""The router's added p50 may exceed the bare proxy's by this much (concurrency 1)."""
 MAX_MESSAGE = 1 << 30
+LIMIT_FLOOR = 32.0
+"""The router's scorer's adaptive concurrency limit floor (``LimiterConfig.min_limit``; 2 by
+default): at the default, concurrency 16 on one replica sheds (model_limit) once the bench's
+load raises its latency."""
+NGINX = "/usr/sbin/nginx"
+HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-connection", "te", "trailer",
+                        "transfer-encoding", "upgrade", "host", "content-length"))
+"""Headers the bare HTTP proxy does not copy (hop-by-hop ones, and the two aiohttp sets
+itself for the message it sends)."""
 TRACED: dict[str, Any] = {}
 """The router child's router and its tracer, when the OTEL_* variables turned tracing on
 (``tracer on|off`` switches it, for bench/tracing.py)."""
 HEAD = ("measurement", "value", "bar", "result")
+PATH_HEAD = ("path", "p50", "p99", "added p50: pooled; paired median (rounds min-max)",
+             "added p99: pooled; paired median (rounds min-max)",
+             "CPU/request (rounds min-max)", "CPU vs proxy", "req/s")
+
+
+def phase_key(proto: str, conc: int) -> str:
+    return f"{proto}-c{conc}"
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -150,24 +203,29 @@ def child_main(kind: str, spec: dict[str, Any]) -> int:
 
 
 async def _child(kind: str, spec: dict[str, Any]) -> int:
-    """Serve ``kind`` (``proxy`` or ``router``) to ``spec['upstream']``; print the address,
-    then answer commands on stdin (``cpu``, ``profile-start``, ``profile-stop PATH``,
-    ``stop``), one JSON line each."""
+    """Serve ``kind`` (``proxy``: gRPC, ``httpproxy``: HTTP, or ``router``: gRPC, and HTTP
+    when ``spec['http']``) to ``spec['upstream']``; print the address (and the router's
+    ``http_addr``, ``worker_addr``, ``worker_pid``), then answer commands on stdin (``cpu``,
+    ``profile-start``, ``profile-stop PATH``, ``stop``, ...), one JSON line each."""
     loop = asyncio.get_running_loop()
     upstream = spec["upstream"]
-    counters: Callable[[], dict[str, Any]]
-    closers: list[Callable[[], Any]] = []
+    counters: Callable[[], dict[str, Any]] = dict
+    closers: list[Callable[[], Awaitable[Any]]] = []
     breakdown: Breakdown | None = None
     first: dict[str, Any] = {"pid": os.getpid()}
     if kind == "proxy":
         server, addr = await _bare_proxy(upstream)
-        counters = dict
+        closers.append(functools.partial(server.stop, 0.5))
+    elif kind == "httpproxy":
+        cleanup, addr = await _bare_http_proxy(upstream)
+        closers.append(cleanup)
     else:
-        server, addr, counters, close, breakdown = await _router(upstream)
-        closers.append(close)
+        server, addr, counters, close, breakdown, http = await _router(
+            upstream, bool(spec.get("http")))
+        first.update(http)
         first["worker_addr"], first["worker_pid"], stop_worker = await _worker(
             breakdown.scorer)
-        closers.insert(0, stop_worker)
+        closers += [stop_worker, functools.partial(server.stop, 0.5), close]
     print(json.dumps({"addr": addr, **first}), flush=True)
 
     stop = asyncio.Event()
@@ -228,7 +286,6 @@ async def _child(kind: str, spec: dict[str, Any]) -> int:
 
     threading.Thread(target=commands, daemon=True).start()
     await stop.wait()
-    await server.stop(0.5)
     for close in closers:
         await close()
     return 0
@@ -306,10 +363,48 @@ async def _bare_proxy(upstream: str) -> tuple[Any, str]:
     return server, f"127.0.0.1:{port}"
 
 
+async def _bare_http_proxy(upstream: str) -> tuple[Callable[[], Awaitable[None]], str]:
+    """An aiohttp.web server forwarding any request (method, path, headers, body) to
+    ``upstream`` (``http://host:port``) over one shared ClientSession, and the reply (status,
+    headers, body) back: what aiohttp parses, nothing more."""
+    import aiohttp
+    from aiohttp import web
+    from multidict import CIMultiDict
+
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None),
+        skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"))
+    hop = HOP_BY_HOP
+
+    async def forward(request: web.Request) -> web.Response:
+        body = await request.read()
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in hop]
+        async with session.request(request.method, upstream + request.raw_path,
+                                   headers=headers, data=body) as resp:
+            data = await resp.read()
+            return web.Response(status=resp.status, body=data, headers=CIMultiDict(
+                (k, v) for k, v in resp.headers.items() if k.lower() not in hop))
+
+    app = web.Application(client_max_size=MAX_MESSAGE)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+
+    async def cleanup() -> None:
+        await runner.cleanup()
+        await session.close()
+    return cleanup, f"127.0.0.1:{port}"
+
+
 class Breakdown:
     """CPU time of the event loop's thread spent in the router's own steps, in place: the
     steps are wrapped (``time.thread_time`` around each call; ~1 us of wrapper per call)
-    between ``start`` and ``stop``.  What the steps do not cover is gRPC and asyncio glue."""
+    between ``start`` and ``stop``.  What the steps do not cover is gRPC, aiohttp and asyncio
+    glue."""
 
     def __init__(self, router: Any, scorer: Any) -> None:
         self.router, self.scorer = router, scorer
@@ -340,16 +435,23 @@ class Breakdown:
     def start(self) -> dict[str, Any]:
         from types import SimpleNamespace
 
-        from meshd.router import kserve
+        from meshd.router import gateway, kserve
+        from meshd.router.auth import ClientAuth
 
         self.acc.clear()
         r, sc = self.router, self.scorer
         self._patch(sc, "score", "scorer.score", True)
         self._patch(sc, "report", "scorer.report", True)
         self._patch(sc, "weights", "scorer.weights", True)
-        self._patch(r.auth, "tenant", "auth.tenant (_caller)", True)
+        self._patch(ClientAuth, "tenant", "auth.tenant", False)
         self._patch(r.schemas, "cached", "schemas.cached", True)
-        self._patch(kserve, "validate", "validate", False)
+        self._patch(gateway, "validate", "validate", False)
+        with contextlib.suppress(ImportError):  # the HTTP ingress's tensor conversion
+            from meshd.router import http_tensors
+
+            for fn in ("header_length", "infer_request", "split_response", "render_infer"):
+                if hasattr(http_tensors, fn):
+                    self._patch(http_tensors, fn, f"http_tensors.{fn}", False)
         pb = kserve.service_pb2
         mir = SimpleNamespace(FromString=self._wrap("ModelInferRequest.FromString",
                                                     pb.ModelInferRequest.FromString))
@@ -377,21 +479,28 @@ class Breakdown:
         return {"steps": {k: {"calls": int(v[0]), "cpu_s": v[1]} for k, v in self.acc.items()}}
 
 
-async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]],
-                                          Callable[[], Any], Breakdown]:
-    """The meshd router over a fused view listing ``upstream`` as a ready ``add_sub``."""
+async def _router(upstream: str, http: bool = False
+                  ) -> tuple[Any, str, Callable[[], dict[str, Any]],
+                             Callable[[], Awaitable[None]], Breakdown, dict[str, str]]:
+    """The meshd router over a fused view listing ``upstream`` as a ready ``add_sub``; with
+    ``http``, its HTTP ingress too (``serve_http``, same gateway): ``{"http_addr": ...}``, or
+    ``{"http_missing": why}`` while meshd has none."""
     import dataclasses
 
     from adapters.model import ReplicaState
     from meshd.fused import FusedState
     from meshd.router import server as router_server
     from meshd.router.scoring import LocalScoring
+    from meshd.score.limiter import LimiterConfig
     from meshd.score.scorer import Scorer
     from meshd.signal_wire import NodeSignals
 
     loop = asyncio.get_running_loop()
     fused = FusedState("router")
-    scorer = Scorer(fused)
+    # Admission must not shed at concurrency 16 against the one replica (whose latency rises
+    # under the bench's load, which shrinks its adaptive limit): the floor is raised, the
+    # limiter runs as ever.
+    scorer = Scorer(fused, limiter=LimiterConfig(min_limit=LIMIT_FLOOR, initial=LIMIT_FLOOR))
     seq = [0]
 
     def refresh() -> None:
@@ -421,6 +530,11 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
     TRACED.update(router=router, tracer=router.tracer)
     if router.tracer is not None:
         _account_tracing()
+    extra: dict[str, str] = {}
+    runner: Any = None
+    if http:
+        runner, extra["http_addr"] = await router_server.serve_http(router, ("127.0.0.1", 0),
+                                                                    ssl_context=None)
 
     def counters() -> dict[str, Any]:
         c, s = router.counters, scorer.counters
@@ -431,11 +545,13 @@ async def _router(upstream: str) -> tuple[Any, str, Callable[[], dict[str, Any]]
 
     async def close() -> None:
         feeder.cancel()
+        if runner is not None:
+            await runner.cleanup()
         await router.close()
         if traces is not None:
             traces.shutdown()
 
-    return server, addr, counters, close, Breakdown(router, scorer)
+    return server, addr, counters, close, Breakdown(router, scorer), extra
 
 
 async def _worker(scorer: Any) -> tuple[str, int, Callable[[], Any]]:
@@ -509,10 +625,137 @@ class Child(child.Child):
         return self.cmd("cpu")
 
 
+# --- NGINX --------------------------------------------------------------------------------------
+
+
+NGINX_CONF = """\
+daemon off;
+master_process on;
+worker_processes 1;
+{user}pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    keepalive_requests 1000000;
+    client_max_body_size 64m;
+    upstream triton_grpc {{ server {grpc_up}; keepalive 32; keepalive_requests 1000000; }}
+    upstream triton_http {{ server {http_up}; keepalive 32; keepalive_requests 1000000; }}
+    server {{
+        listen 127.0.0.1:{grpc_port} http2;
+        location / {{ grpc_pass grpc://triton_grpc; }}
+    }}
+    server {{
+        listen 127.0.0.1:{http_port};
+        location / {{
+            proxy_pass http://triton_http;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+
+
+def _free_ports(n: int) -> list[int]:
+    from meshd.devtriton import pick_ports
+
+    return pick_ports("127.0.0.1", n)
+
+
+class Nginx:
+    """Debian's nginx in front of Triton: ``grpc_addr`` (``grpc_pass``) and ``http_addr``
+    (``proxy_pass``); its CPU is its master's and workers' (``/proc``)."""
+
+    def __init__(self, workdir: Path, grpc_upstream: str, http_upstream: str) -> None:
+        from meshd.devtriton import _pdeathsig_prefix
+
+        self.dir = workdir / "nginx"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        grpc_port, http_port = _free_ports(2)
+        user = ""
+        if os.geteuid() == 0:  # else nginx's workers would switch to nobody
+            import grp
+            import pwd
+
+            user = (f"user {pwd.getpwuid(os.getuid()).pw_name} "
+                    f"{grp.getgrgid(os.getgid()).gr_name};\n")
+        conf = self.dir / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(user=user, dir=self.dir, grpc_up=grpc_upstream,
+                                          http_up=http_upstream, grpc_port=grpc_port,
+                                          http_port=http_port))
+        self.grpc_addr = f"127.0.0.1:{grpc_port}"
+        self.http_addr = f"127.0.0.1:{http_port}"
+        self.out = open(self.dir / "stderr.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [*_pdeathsig_prefix(), NGINX, "-p", str(self.dir), "-c", str(conf), "-e",
+             str(self.dir / "error.log")], stdin=subprocess.DEVNULL, stdout=self.out,
+            stderr=self.out, start_new_session=True)
+        self.pid = self.proc.pid
+        end = time.monotonic() + 15
+        for port in (grpc_port, http_port):
+            while True:
+                if self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"nginx exited ({self.proc.returncode}): "
+                                       f"{self.log_tail()}")
+                try:
+                    socket.create_connection(("127.0.0.1", port), 1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > end:
+                        self.stop()
+                        raise RuntimeError(f"nginx never listened: {self.log_tail()}") from None
+                    time.sleep(0.05)
+
+    def log_tail(self) -> str:
+        text = ""
+        for name in ("stderr.log", "error.log"):
+            with contextlib.suppress(OSError):
+                text += (self.dir / name).read_text(errors="replace")
+        return " | ".join(text.strip().splitlines()[-3:])
+
+    def pids(self) -> list[int]:
+        from meshd.devtriton import _group_members
+
+        return _group_members(self.pid) or [self.pid]
+
+    def cpu(self) -> dict[str, Any]:
+        return {"cpu": sum(proc_cpu_s(p) or 0.0 for p in self.pids())}
+
+    def stop(self) -> dict[str, Any]:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.out.close()
+        return {"returncode": self.proc.returncode}
+
+
+def nginx_version() -> str:
+    try:
+        out = subprocess.run([NGINX, "-v"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return (out.stderr or out.stdout).strip().removeprefix("nginx version: ")
+
+
 # --- the clients --------------------------------------------------------------------------------
 
 
 def _inputs(module: Any) -> list[Any]:
+    """add_sub's two inputs for ``module`` (``tritonclient.grpc`` or ``tritonclient.http``:
+    binary tensor data, its default)."""
     import numpy as np
 
     a = np.arange(WIDTH, dtype=np.float32).reshape(1, WIDTH)
@@ -523,6 +766,17 @@ def _inputs(module: Any) -> list[Any]:
         t.set_data_from_numpy(value)
         inputs.append(t)
     return inputs
+
+
+def sync_client(proto: str, url: str) -> Any:
+    """A sync tritonclient for ``url`` (``host:port``) and its inputs."""
+    if proto == "grpc":
+        import tritonclient.grpc as tc
+
+        return tc.InferenceServerClient(url), _inputs(tc)
+    import tritonclient.http as th
+
+    return th.InferenceServerClient(url, concurrency=1), _inputs(th)
 
 
 def sync_round(client: Any, inputs: list[Any], calls: int) -> list[float]:
@@ -537,19 +791,25 @@ def sync_round(client: Any, inputs: list[Any], calls: int) -> list[float]:
 
 
 class AioClients:
-    """tritonclient.grpc.aio clients to every path, on a loop in a thread of their own."""
+    """tritonclient.grpc.aio (or, with ``protocol="http"``, tritonclient.http.aio) clients to
+    every path, on a loop in a thread of their own."""
 
-    def __init__(self, urls: dict[str, str]) -> None:
-        import tritonclient.grpc.aio as tca
+    def __init__(self, urls: dict[str, str], protocol: str = "grpc") -> None:
+        if protocol == "grpc":
+            import tritonclient.grpc as module
+            import tritonclient.grpc.aio as aio_module
+        else:
+            import tritonclient.http as module  # type: ignore[no-redef]
+            import tritonclient.http.aio as aio_module  # type: ignore[no-redef]
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
         async def make() -> dict[str, Any]:
-            return {k: tca.InferenceServerClient(u) for k, u in urls.items()}
+            return {k: aio_module.InferenceServerClient(u) for k, u in urls.items()}
         self.clients = self.call(make())
-        self.inputs = _inputs(tca)
+        self.inputs = _inputs(module)
 
     def call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(600)
@@ -587,163 +847,246 @@ class AioClients:
 # --- the measurement ----------------------------------------------------------------------------
 
 
+@dataclass
+class Target:
+    """One path of one protocol: where its clients connect (``host:port``) and what measures
+    its CPU (None for ``direct``)."""
+
+    url: str
+    cpu: Callable[[], dict[str, Any]] | None = None
+    child: bool = False
+    """A process of this script (loop-thread CPU and GC figures)."""
+
+
 def _triton_cpu(server: Any) -> float:
     return sum(v for p in server.child_pids() if (v := proc_cpu_s(p)) is not None)
 
 
-def _check_answers(urls: dict[str, str]) -> None:
+def _check_answers(proto: str, urls: dict[str, str]) -> None:
     """Every path returns add_sub's right answer (else the bench measures nothing)."""
     import numpy as np
-    import tritonclient.grpc as tc
 
     a = np.arange(WIDTH, dtype=np.float32).reshape(1, WIDTH)
     for path, url in urls.items():
-        res = tc.InferenceServerClient(url).infer(MODEL, _inputs(tc))
+        client, inputs = sync_client(proto, url)
+        try:
+            res = client.infer(MODEL, inputs)
+        except Exception as exc:
+            raise RuntimeError(f"{proto} {path}: {type(exc).__name__}: {exc}") from None
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
         if not (np.array_equal(res.as_numpy("OUTPUT0"), a + 1)
                 and np.array_equal(res.as_numpy("OUTPUT1"), a - 1)):
-            raise RuntimeError(f"{path}: wrong add_sub answer")
+            raise RuntimeError(f"{proto} {path}: wrong add_sub answer")
 
 
-def measure(args: argparse.Namespace, triton: Any, children: dict[str, Child],
-            workdir: Path) -> dict[str, Any]:
-    import tritonclient.grpc as tc
+def _http_encodings(urls: dict[str, str]) -> dict[str, str]:
+    """Per HTTP path, the Content-Encoding of its reply to what tritonclient.http.aio sends
+    (aiohttp adds ``Accept-Encoding: gzip, deflate[, br]``; Triton then compresses)."""
+    import aiohttp
+    import tritonclient.http as th
 
-    urls = {"direct": triton.grpc_url, **{k: c.addr for k, c in children.items()}}
-    _check_answers(urls)
-    sync = {k: tc.InferenceServerClient(u) for k, u in urls.items()}
-    inputs = _inputs(tc)
-    aio = AioClients(urls)
+    body, json_size = th.InferenceServerClient.generate_request_body(_inputs(th))
+
+    async def probe() -> dict[str, str]:
+        out = {}
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            for path, url in urls.items():
+                async with session.post(
+                        f"http://{url}/v2/models/{MODEL}/infer", data=body,
+                        headers={"Inference-Header-Content-Length": str(json_size)}) as r:
+                    await r.read()
+                    out[path] = f"{r.status} {r.headers.get('Content-Encoding', 'identity')}"
+        return out
+    return asyncio.run(probe())
+
+
+_ZERO_CPU = {"cpu": 0.0, "loop_cpu": 0.0, "gc_count": [0, 0, 0], "gc_s": [0.0, 0.0, 0.0],
+             "agent_cpu": 0.0}
+
+
+def _paired(rounds: list[dict[str, float]], base: list[dict[str, float]], q: str
+            ) -> dict[str, float]:
+    diffs = [x[q] - y[q] for x, y in zip(rounds, base, strict=True)]
+    return {"median": statistics.median(diffs), "min": min(diffs), "max": max(diffs)}
+
+
+def measure_phase(args: argparse.Namespace, proto: str, conc: int, triton: Any,
+                  targets: dict[str, Target], ours: Callable[[], float]) -> dict[str, Any]:
+    """One protocol at one concurrency: rounds over ``targets``' paths, interleaved."""
+    paths = tuple(targets)
+    calls = args.calls if conc == 1 else args.calls_c16
+    rounds = args.rounds if conc == 1 else args.rounds_c16
+    sync: dict[str, tuple[Any, list[Any]]] = {}
+    aio: AioClients | None = None
     try:
-        for path in PATHS:  # warm up: channels, the router's schema cache, the scorer
-            sync_round(sync[path], inputs, args.warmup)
-            aio.round(path, args.warmup, 8)
-
-        zero = {"cpu": 0.0, "loop_cpu": 0.0, "gc_count": [0, 0, 0], "gc_s": [0.0, 0.0, 0.0]}
+        if conc == 1:
+            sync = {p: sync_client(proto, t.url) for p, t in targets.items()}
+            for p in paths:  # warm up: connections, the router's schema cache, the scorer
+                sync_round(*sync[p], args.warmup)
+        else:
+            aio = AioClients({p: t.url for p, t in targets.items()}, proto)
+            for p in paths:
+                aio.round(p, args.warmup, conc)
 
         def cpu_of(path: str) -> dict[str, Any]:
-            return children[path].cpu() if path in children else zero
+            fn = targets[path].cpu
+            return {**_ZERO_CPU, **fn()} if fn is not None else _ZERO_CPU
 
-        def ours() -> float:
-            t = os.times()
-            return (t.user + t.system + _triton_cpu(triton)
-                    + sum(proc_cpu_s(c.pid) or 0.0 for c in children.values()))
-
-        out: dict[str, Any] = {}
-        for phase, conc, calls, rounds in (("c1", 1, args.calls, args.rounds),
-                                           ("c8", 8, args.calls_c8, args.rounds_c8)):
-            acc: dict[str, dict[str, Any]] = {
-                p: {"lat": [], "rounds": [], "cpu_s": 0.0, "loop_cpu_s": 0.0, "gc_s": 0.0,
-                    "gc_count": [0, 0, 0], "triton_cpu_s": 0.0, "client_cpu_s": 0.0,
-                    "calls": 0, "wall_s": 0.0, "cpu_per_req_ms": [], "throughput": [],
-                    "agent_cpu_s": 0.0}
-                for p in PATHS}
-            watch = Others(ours)
-            for rnd in range(rounds):
-                k = rnd % len(PATHS)
-                for path in PATHS[k:] + PATHS[:k]:
-                    c0, t0, u0 = cpu_of(path), _triton_cpu(triton), os.times()
-                    if conc == 1:
-                        w0 = time.perf_counter()
-                        lat = sync_round(sync[path], inputs, calls)
-                        wall = time.perf_counter() - w0
-                    else:
-                        lat, wall = aio.round(path, calls, conc)
-                    c1, t1, u1 = cpu_of(path), _triton_cpu(triton), os.times()
-                    e = acc[path]
-                    e["lat"].extend(lat)
-                    e["rounds"].append(distribution(lat))
-                    e["cpu_s"] += c1["cpu"] - c0["cpu"]
-                    e["agent_cpu_s"] += c1.get("agent_cpu", 0.0) - c0.get("agent_cpu", 0.0)
-                    e["loop_cpu_s"] += c1["loop_cpu"] - c0["loop_cpu"]
-                    e["gc_s"] += sum(c1["gc_s"]) - sum(c0["gc_s"])
-                    e["gc_count"] = [a + y - x for a, x, y in
-                                     zip(e["gc_count"], c0["gc_count"], c1["gc_count"],
-                                         strict=True)]
-                    e["cpu_per_req_ms"].append((c1["cpu"] - c0["cpu"]) / calls * 1000)
-                    e["triton_cpu_s"] += t1 - t0
-                    e["client_cpu_s"] += (u1.user + u1.system) - (u0.user + u0.system)
-                    e["calls"] += calls
-                    e["wall_s"] += wall
-                    e["throughput"].append(calls / wall)
-                log(f"{phase} round {rnd + 1}/{rounds}: " + ", ".join(
-                    f"{p} p50 {acc[p]['rounds'][-1]['p50']:.0f} us"
-                    + (f" cpu {acc[p]['cpu_per_req_ms'][-1]:.3f} ms" if p in children else "")
-                    for p in PATHS))
-            res: dict[str, Any] = {"cpu": watch.done(), "concurrency": conc,
-                                   "calls_per_round": calls, "rounds": rounds, "paths": {}}
-            for p, e in acc.items():
-                res["paths"][p] = {
-                    "latency_us": distribution(e["lat"]), "round_latency_us": e["rounds"],
-                    "calls": e["calls"], "throughput_per_s": e["calls"] / e["wall_s"],
-                    "throughput_rounds": e["throughput"],
-                    "cpu_ms_per_request": (e["cpu_s"] / e["calls"] * 1000
-                                           if p in children else None),
-                    "cpu_ms_per_request_rounds": e["cpu_per_req_ms"] if p in children else [],
-                    "proxy_cores": e["cpu_s"] / e["wall_s"] if p in children else None,
-                    "loop_thread_cpu_ms_per_request": (e["loop_cpu_s"] / e["calls"] * 1000
-                                                       if p in children else None),
-                    "gc_us_per_request": (e["gc_s"] / e["calls"] * 1e6
-                                          if p in children else None),
-                    "gc_collections": e["gc_count"] if p in children else None,
-                    "triton_cpu_ms_per_request": e["triton_cpu_s"] / e["calls"] * 1000,
-                    "agent_cpu_ms_per_request": e["agent_cpu_s"] / e["calls"] * 1000,
-                    "client_cpu_ms_per_request": e["client_cpu_s"] / e["calls"] * 1000}
-            d = res["paths"]["direct"]["round_latency_us"]
-            for p in PROXIES:
-                r = res["paths"][p]["round_latency_us"]
-                res["paths"][p]["added_p50_us_pooled"] = (
-                    res["paths"][p]["latency_us"]["p50"] - res["paths"]["direct"]["latency_us"]
-                    ["p50"])
-                res["paths"][p]["added_p50_us_paired_median"] = statistics.median(
-                    x["p50"] - y["p50"] for x, y in zip(r, d, strict=True))
-            out[phase] = res
-        return out
+        acc: dict[str, dict[str, Any]] = {
+            p: {"lat": [], "rounds": [], "cpu_s": 0.0, "loop_cpu_s": 0.0, "gc_s": 0.0,
+                "gc_count": [0, 0, 0], "triton_cpu_s": 0.0, "client_cpu_s": 0.0,
+                "calls": 0, "wall_s": 0.0, "cpu_per_req_ms": [], "throughput": [],
+                "agent_cpu_s": 0.0}
+            for p in paths}
+        watch = Others(ours)
+        for rnd in range(rounds):
+            k = rnd % len(paths)
+            for path in paths[k:] + paths[:k]:
+                c0, t0, u0 = cpu_of(path), _triton_cpu(triton), os.times()
+                if aio is None:
+                    w0 = time.perf_counter()
+                    lat = sync_round(*sync[path], calls)
+                    wall = time.perf_counter() - w0
+                else:
+                    lat, wall = aio.round(path, calls, conc)
+                c1, t1, u1 = cpu_of(path), _triton_cpu(triton), os.times()
+                e = acc[path]
+                e["lat"].extend(lat)
+                e["rounds"].append(distribution(lat))
+                e["cpu_s"] += c1["cpu"] - c0["cpu"]
+                e["agent_cpu_s"] += c1["agent_cpu"] - c0["agent_cpu"]
+                e["loop_cpu_s"] += c1["loop_cpu"] - c0["loop_cpu"]
+                e["gc_s"] += sum(c1["gc_s"]) - sum(c0["gc_s"])
+                e["gc_count"] = [a + y - x for a, x, y in
+                                 zip(e["gc_count"], c0["gc_count"], c1["gc_count"], strict=True)]
+                e["cpu_per_req_ms"].append((c1["cpu"] - c0["cpu"]) / calls * 1000)
+                e["triton_cpu_s"] += t1 - t0
+                e["client_cpu_s"] += (u1.user + u1.system) - (u0.user + u0.system)
+                e["calls"] += calls
+                e["wall_s"] += wall
+                e["throughput"].append(calls / wall)
+            log(f"{LABEL[proto]} c={conc} round {rnd + 1}/{rounds}: " + ", ".join(
+                f"{p} p50 {acc[p]['rounds'][-1]['p50']:.0f} us"
+                + (f" cpu {acc[p]['cpu_per_req_ms'][-1]:.3f} ms"
+                   if targets[p].cpu is not None else "")
+                for p in paths))
     finally:
-        aio.close()
-        for c in sync.values():
+        if aio is not None:
+            aio.close()
+        for client, _ in sync.values():
             with contextlib.suppress(Exception):
-                c.close()
+                client.close()
+    res: dict[str, Any] = {"protocol": proto, "concurrency": conc, "cpu": watch.done(),
+                           "calls_per_round": calls, "rounds": rounds, "paths": {}}
+    for p, e in acc.items():
+        has_cpu, own = targets[p].cpu is not None, targets[p].child
+        res["paths"][p] = {
+            "latency_us": distribution(e["lat"]), "round_latency_us": e["rounds"],
+            "calls": e["calls"], "throughput_per_s": e["calls"] / e["wall_s"],
+            "throughput_rounds": e["throughput"],
+            "cpu_ms_per_request": e["cpu_s"] / e["calls"] * 1000 if has_cpu else None,
+            "cpu_ms_per_request_rounds": e["cpu_per_req_ms"] if has_cpu else [],
+            "proxy_cores": e["cpu_s"] / e["wall_s"] if has_cpu else None,
+            "loop_thread_cpu_ms_per_request": (e["loop_cpu_s"] / e["calls"] * 1000
+                                               if own else None),
+            "gc_us_per_request": e["gc_s"] / e["calls"] * 1e6 if own else None,
+            "gc_collections": e["gc_count"] if own else None,
+            "triton_cpu_ms_per_request": e["triton_cpu_s"] / e["calls"] * 1000,
+            "agent_cpu_ms_per_request": e["agent_cpu_s"] / e["calls"] * 1000,
+            "client_cpu_ms_per_request": e["client_cpu_s"] / e["calls"] * 1000}
+    d = res["paths"]["direct"]
+    proxy = res["paths"].get("proxy")
+    for p, e in res["paths"].items():
+        if p == "direct":
+            continue
+        for q in ("p50", "p99"):
+            e[f"added_{q}_us_pooled"] = e["latency_us"][q] - d["latency_us"][q]
+            e[f"added_{q}_us_paired"] = _paired(e["round_latency_us"], d["round_latency_us"], q)
+        if p != "proxy" and proxy is not None:
+            e["minus_proxy_p50_us_pooled"] = e["latency_us"]["p50"] - proxy["latency_us"]["p50"]
+            e["minus_proxy_p50_us_paired"] = _paired(e["round_latency_us"],
+                                                     proxy["round_latency_us"], "p50")
+            if e["cpu_ms_per_request"] is not None and proxy["cpu_ms_per_request"]:
+                e["cpu_ratio_to_proxy"] = e["cpu_ms_per_request"] / proxy["cpu_ms_per_request"]
+                e["cpu_ratio_to_proxy_rounds"] = [
+                    a / b if b else float("nan") for a, b in
+                    zip(e["cpu_ms_per_request_rounds"], proxy["cpu_ms_per_request_rounds"],
+                        strict=True)]
+    return res
 
 
-def profile(args: argparse.Namespace, triton: Any, children: dict[str, Child],
-            workdir: Path) -> dict[str, Any]:
-    """The router's own steps timed in place (:class:`Breakdown`), then cProfile of both
-    proxies, each over ``--profile-calls`` requests at concurrency 8."""
-    urls = {k: c.addr for k, c in children.items()}
-    aio = AioClients(urls)
-    out: dict[str, Any] = {}
+def measure(args: argparse.Namespace, triton: Any, targets: dict[str, dict[str, Target]],
+            pids: Callable[[], list[int]]) -> dict[str, Any]:
+    """Every protocol at concurrency 1 and 16 (``targets``: protocol -> path -> Target)."""
+    for proto in PROTOCOLS:
+        _check_answers(proto, {p: t.url for p, t in targets[proto].items()})
+
+    def ours() -> float:
+        t = os.times()
+        return (t.user + t.system + _triton_cpu(triton)
+                + sum(proc_cpu_s(p) or 0.0 for p in pids()))
+
+    out: dict[str, Any] = {"http_aio_reply_encoding": _http_encodings(
+        {p: t.url for p, t in targets["http"].items()})}
+    for proto, conc in PHASES:
+        out[phase_key(proto, conc)] = measure_phase(args, proto, conc, triton, targets[proto],
+                                                    ours)
+    return out
+
+
+# --- profiling ----------------------------------------------------------------------------------
+
+
+def profile(args: argparse.Namespace, targets: dict[str, dict[str, Target]],
+            children: dict[str, Child], workdir: Path) -> dict[str, Any]:
+    """For each protocol, at concurrency 16: the router's own steps timed in place
+    (:class:`Breakdown`), then cProfile of the router and the bare proxy, each over
+    ``--profile-calls`` requests."""
     n = args.profile_calls
-    try:
-        router = children["router"]
-        aio.round("router", 100, 8)
-        router.cmd("breakdown-start")
-        c0 = router.cpu()
-        aio.round("router", n, 8)
-        c1 = router.cpu()
-        steps = router.cmd("breakdown-stop")["steps"]
-        out["breakdown"] = {
-            "calls": n, "cpu_ms_per_request": (c1["cpu"] - c0["cpu"]) / n * 1000,
-            "loop_thread_cpu_ms_per_request": (c1["loop_cpu"] - c0["loop_cpu"]) / n * 1000,
-            "steps": {k: {"calls_per_request": v["calls"] / n,
-                          "us_per_request": v["cpu_s"] / n * 1e6}
-                      for k, v in sorted(steps.items(), key=lambda kv: -kv[1]["cpu_s"])}}
-        for kind, child in children.items():
-            if isinstance(child, WorkerPath):
-                continue  # its CPU is in two processes; the router's profile covers scoring
-            aio.round(kind, 100, 8)
-            path = workdir / f"{kind}.pstats"
-            child.cmd("profile-start")
-            c0 = child.cpu()
-            aio.round(kind, args.profile_calls, 8)
-            c1 = child.cpu()
-            child.cmd(f"profile-stop {path}")
-            out[kind] = summarize_profile(path, args.profile_calls)
-            out[kind]["cpu_ms_per_request_profiled"] = ((c1["cpu"] - c0["cpu"])
-                                                        / args.profile_calls * 1000)
-            out[kind]["pstats_file"] = str(path)
-    finally:
-        aio.close()
-    return {"breakdown": out.pop("breakdown"), "cprofile": out}
+    conc = CONCURRENCY[-1]
+    out: dict[str, Any] = {"breakdown": {}, "cprofile": {}}
+    owners = {"grpc": {"router": children["router"], "proxy": children["proxy"]},
+              "http": {"router": children["router"], "proxy": children["httpproxy"]}}
+    for proto in PROTOCOLS:
+        kinds = [k for k in ("router", "proxy") if k in targets[proto]]
+        if "router" not in kinds:
+            continue
+        aio = AioClients({k: targets[proto][k].url for k in kinds}, proto)
+        try:
+            router = owners[proto]["router"]
+            aio.round("router", 200, conc)
+            router.cmd("breakdown-start")
+            c0 = router.cpu()
+            aio.round("router", n, conc)
+            c1 = router.cpu()
+            steps = router.cmd("breakdown-stop")["steps"]
+            out["breakdown"][proto] = {
+                "calls": n, "concurrency": conc,
+                "cpu_ms_per_request": (c1["cpu"] - c0["cpu"]) / n * 1000,
+                "loop_thread_cpu_ms_per_request": (c1["loop_cpu"] - c0["loop_cpu"]) / n * 1000,
+                "steps": {k: {"calls_per_request": v["calls"] / n,
+                              "us_per_request": v["cpu_s"] / n * 1e6}
+                          for k, v in sorted(steps.items(), key=lambda kv: -kv[1]["cpu_s"])
+                          if v["calls"]}}
+            for kind in kinds:
+                owner = owners[proto][kind]
+                aio.round(kind, 200, conc)
+                path = workdir / f"{kind}-{proto}.pstats"
+                owner.cmd("profile-start")
+                c0 = owner.cpu()
+                aio.round(kind, n, conc)
+                c1 = owner.cpu()
+                owner.cmd(f"profile-stop {path}")
+                p = summarize_profile(path, n)
+                p["concurrency"] = conc
+                p["cpu_ms_per_request_profiled"] = (c1["cpu"] - c0["cpu"]) / n * 1000
+                p["pstats_file"] = str(path)
+                out["cprofile"][f"{kind}/{proto}"] = p
+        finally:
+            aio.close()
+    return out
 
 
 def summarize_profile(path: Path, calls: int, top: int = 25) -> dict[str, Any]:
@@ -780,63 +1123,98 @@ def _ms(us: float) -> str:
     return f"{us / 1000:.3f} ms"
 
 
-def build_rows(results: dict[str, Any]) -> list[list[str]]:
+def _added(e: dict[str, Any], q: str) -> str:
+    pr = e[f"added_{q}_us_paired"]
+    return (f"{e[f'added_{q}_us_pooled'] / 1000:+.3f}; {pr['median'] / 1000:+.3f} "
+            f"({pr['min'] / 1000:+.3f} to {pr['max'] / 1000:+.3f}) ms")
+
+
+def path_rows(res: dict[str, Any], skipped: dict[str, str]) -> list[list[str]]:
+    """One row per path of one protocol at one concurrency."""
+    rows: list[list[str]] = []
+    for p in PATHS[res["protocol"]]:
+        if p in skipped:
+            rows.append([p, skipped[p], "", "", "", "", "", ""])
+            continue
+        e = res["paths"][p]
+        d = e["latency_us"]
+        cpu, ratio = "-", "-"
+        if e["cpu_ms_per_request"] is not None:
+            r = e["cpu_ms_per_request_rounds"]
+            cpu = f"{e['cpu_ms_per_request']:.3f} ms ({min(r):.3f}-{max(r):.3f})"
+            if p == "worker":
+                cpu += f", {e['agent_cpu_ms_per_request']:.3f} of it the agent's"
+        if p == "proxy" and e["cpu_ms_per_request"] is not None:
+            ratio = "1"
+        elif "cpu_ratio_to_proxy" in e:
+            rr = e["cpu_ratio_to_proxy_rounds"]
+            ratio = f"{e['cpu_ratio_to_proxy']:.2f}x ({min(rr):.2f}-{max(rr):.2f})"
+        rows.append([p, _ms(d["p50"]), _ms(d["p99"]),
+                     _added(e, "p50") if p != "direct" else "-",
+                     _added(e, "p99") if p != "direct" else "-", cpu, ratio,
+                     f"{e['throughput_per_s']:.0f}"])
+    return rows
+
+
+def bar_rows(results: dict[str, Any], skipped: dict[str, dict[str, str]]) -> list[list[str]]:
+    """The two bars per protocol, NGINX beside them, and the worker path."""
     rows: list[list[str]] = []
     m = results.get("measure")
     if not m:
         return rows
-    c1, c8 = m["c1"], m["c8"]
-    for p in PATHS:
-        d = c1["paths"][p]["latency_us"]
-        r50 = [x["p50"] for x in c1["paths"][p]["round_latency_us"]]
-        rows.append([f"latency at concurrency 1, {p}",
-                     f"p50 {_ms(d['p50'])}, p99 {_ms(d['p99'])} ({d['n']} requests; round "
-                     f"p50s {min(r50) / 1000:.3f}-{max(r50) / 1000:.3f} ms)", "", "-"])
-    for p in ("router", "proxy", "worker"):
-        e = c1["paths"][p]
-        pooled, paired = e["added_p50_us_pooled"], e["added_p50_us_paired_median"]
-        bar = p == "router"
-        rows.append([f"added p50 latency, {p} - direct (concurrency 1)",
-                     f"{_ms(pooled)} pooled; {_ms(paired)} median of per-round differences",
-                     f"<= {ADDED_P50_BAR_MS:g} ms" if bar else "",
-                     verdict(max(pooled, paired) <= ADDED_P50_BAR_MS * 1000) if bar else "-"])
-    rr = c1["paths"]["router"]["added_p50_us_pooled"] - c1["paths"]["proxy"][
-        "added_p50_us_pooled"]
-    rows.append(["router - proxy p50 (concurrency 1)", _ms(rr), "", "-"])
-    for phase, res in (("1", c1), ("8", c8)):
-        for p in ("proxy", "router"):
-            e = res["paths"][p]
-            rounds = e["cpu_ms_per_request_rounds"]
-            rows.append([f"CPU per request, {p} process, concurrency {phase}",
-                         f"{e['cpu_ms_per_request']:.3f} ms (rounds {min(rounds):.3f}-"
-                         f"{max(rounds):.3f}; {e['proxy_cores']:.2f} cores; event-loop thread "
-                         f"{e['loop_thread_cpu_ms_per_request']:.3f} ms, of which GC "
-                         f"{e['gc_us_per_request'] / 1000:.3f} ms)",
-                         (f"~{PROXY_CPU_EXPECTED_MS[0]:g}-{PROXY_CPU_EXPECTED_MS[1]:g} ms "
-                          "expected" if p == "proxy" else ""), "-"])
-        ratio = res["paths"]["router"]["cpu_ms_per_request"] / res["paths"]["proxy"][
-            "cpu_ms_per_request"]
-        rr_rounds = [a / b for a, b in zip(res["paths"]["router"]["cpu_ms_per_request_rounds"],
-                                           res["paths"]["proxy"]["cpu_ms_per_request_rounds"],
-                                           strict=True)]
-        rows.append([f"CPU ratio router / proxy, concurrency {phase}",
-                     f"{ratio:.2f}x (per-round ratios {min(rr_rounds):.2f}-"
-                     f"{max(rr_rounds):.2f}, median {statistics.median(rr_rounds):.2f})",
-                     f"<= {CPU_RATIO_BAR:g}x", verdict(ratio <= CPU_RATIO_BAR)])
-        w = res["paths"]["worker"]
-        rows.append([f"CPU per request, worker path (worker + agent), concurrency {phase}",
-                     f"{w['cpu_ms_per_request']:.3f} ms ({w['agent_cpu_ms_per_request']:.3f} ms "
-                     f"of it the agent's) = {w['proxy_cores']:.2f} cores; "
-                     f"{w['cpu_ms_per_request'] / res['paths']['proxy']['cpu_ms_per_request']:.2f}"
-                     "x the proxy (10 ms /proc ticks for the worker)", "", "-"])
-    for p in PATHS:
-        e = c8["paths"][p]
-        d = e["latency_us"]
-        rows.append([f"throughput at concurrency 8, {p}",
-                     f"{e['throughput_per_s']:.0f} req/s (rounds "
-                     f"{min(e['throughput_rounds']):.0f}-{max(e['throughput_rounds']):.0f}); "
-                     f"p50 {_ms(d['p50'])}, p99 {_ms(d['p99'])}; Triton CPU "
-                     f"{e['triton_cpu_ms_per_request']:.3f} ms/req", "", "-"])
+    lo, hi = CONCURRENCY
+    for proto in PROTOCOLS:
+        name = LABEL[proto]
+        c1, c16 = m[phase_key(proto, lo)]["paths"], m[phase_key(proto, hi)]["paths"]
+        if "router" not in c1:
+            why = skipped[proto].get("router", "n/a")
+            rows.append([f"{name}: router added p50 - proxy added p50, concurrency {lo}", why,
+                         f"<= {ADDED_P50_MARGIN_MS:g} ms", "n/a"])
+            rows.append([f"{name}: CPU per request router / proxy, concurrency {hi}", why,
+                         f"<= {CPU_RATIO_BAR:g}x", "n/a"])
+        else:
+            e = c1["router"]
+            pooled, pr = e["minus_proxy_p50_us_pooled"], e["minus_proxy_p50_us_paired"]
+            rows.append([f"{name}: router added p50 - proxy added p50, concurrency {lo}",
+                         f"{pooled / 1000:+.3f} ms pooled; {pr['median'] / 1000:+.3f} ms median "
+                         f"of per-round differences ({pr['min'] / 1000:+.3f} to "
+                         f"{pr['max'] / 1000:+.3f}); router added "
+                         f"{e['added_p50_us_pooled'] / 1000:.3f} ms, proxy added "
+                         f"{c1['proxy']['added_p50_us_pooled'] / 1000:.3f} ms",
+                         f"<= {ADDED_P50_MARGIN_MS:g} ms",
+                         verdict(max(pooled, pr["median"]) <= ADDED_P50_MARGIN_MS * 1000)])
+            for conc, paths in ((hi, c16), (lo, c1)):
+                r = paths["router"]
+                ratio, rr = r["cpu_ratio_to_proxy"], r["cpu_ratio_to_proxy_rounds"]
+                ok = verdict(ratio <= CPU_RATIO_BAR)
+                rows.append([f"{name}: CPU per request router / proxy, concurrency {conc}",
+                             f"{ratio:.2f}x (per-round {min(rr):.2f}-{max(rr):.2f}, median "
+                             f"{statistics.median(rr):.2f}); router "
+                             f"{r['cpu_ms_per_request']:.3f} ms, proxy "
+                             f"{paths['proxy']['cpu_ms_per_request']:.3f} ms",
+                             f"<= {CPU_RATIO_BAR:g}x" + ("" if conc == hi else " (reported)"),
+                             ok if conc == hi else f"({ok})"])
+        if "nginx" in c1:
+            n1, n16 = c1["nginx"], c16["nginx"]
+            rows.append([f"{name}: NGINX beside (no bar)",
+                         f"added p50 at c={lo} {n1['added_p50_us_pooled'] / 1000:.3f} ms "
+                         f"(proxy {c1['proxy']['added_p50_us_pooled'] / 1000:.3f}"
+                         + (f", router {c1['router']['added_p50_us_pooled'] / 1000:.3f}"
+                            if "router" in c1 else "")
+                         + f"); CPU per request c={hi} {n16['cpu_ms_per_request']:.3f} ms = "
+                         f"{n16['cpu_ratio_to_proxy']:.2f}x the proxy, c={lo} "
+                         f"{n1['cpu_ms_per_request']:.3f} ms = {n1['cpu_ratio_to_proxy']:.2f}x",
+                         "", "-"])
+        else:
+            rows.append([f"{name}: NGINX beside (no bar)",
+                         skipped[proto].get("nginx", "n/a"), "", "-"])
+        if "worker" in c1:
+            w = [(conc, paths["worker"]) for conc, paths in ((lo, c1), (hi, c16))]
+            rows.append([f"{name}: worker path (worker + agent CPU; no bar)", "; ".join(
+                f"c={conc}: added p50 {e['added_p50_us_pooled'] / 1000:.3f} ms, CPU "
+                f"{e['cpu_ms_per_request']:.3f} ms/request ({e['agent_cpu_ms_per_request']:.3f}"
+                f" the agent's) = {e['cpu_ratio_to_proxy']:.2f}x the proxy" for conc, e in w),
+                "", "-"])
     return rows
 
 
@@ -845,48 +1223,77 @@ def build_notes(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
     if args.quick:
         notes.append("QUICK run: small sizes, a smoke check; run without --quick for the "
                      "reported numbers.")
+    setup = results.get("setup", {})
+    if setup.get("nginx_version"):
+        notes.append(f"NGINX {setup['nginx_version']} (Debian nginx-light), master_process on, "
+                     "worker_processes 1 (one worker process: one core at most, as our "
+                     "proxies and router are one event loop each), access_log off, upstream "
+                     "keepalive 32, keepalive_requests 1000000; its CPU is its master's and "
+                     "worker's utime+stime from /proc (10 ms ticks).")
     m = results.get("measure")
     if m:
-        for phase in ("c1", "c8"):
-            cpu = m[phase]["cpu"]
-            notes.append(f"concurrency {phase[1:]}: load average {cpu['loadavg_before']} -> "
-                         f"{cpu['loadavg_after']}; bench, Triton and proxies used "
-                         f"{cpu['our_cores']:.2f} cores, other processes "
-                         f"{cpu['other_cores'] or 0:.2f}.")
-        c1 = m["c1"]["paths"]
-        notes.append("client (this process, sync tritonclient) CPU per request at "
-                     "concurrency 1: " + ", ".join(
-                         f"{p} {c1[p]['client_cpu_ms_per_request']:.3f} ms" for p in PATHS)
-                     + "; Triton (server + stub) CPU per request: " + ", ".join(
-                         f"{p} {c1[p]['triton_cpu_ms_per_request']:.3f} ms" for p in PATHS)
-                     + " (/proc, 10 ms ticks).")
+        enc = m.get("http_aio_reply_encoding")
+        if enc:
+            notes.append("HTTP clients: tritonclient.http (geventhttpclient) asks for no "
+                         "compression; tritonclient.http.aio's aiohttp session asks for "
+                         "gzip/deflate/br by default, and the replies it gets (status, "
+                         "Content-Encoding) are: " + ", ".join(f"{p} {v}" for p, v in enc.items())
+                         + ".")
+        for proto, conc in PHASES:
+            res = m[phase_key(proto, conc)]
+            cpu = res["cpu"]
+            notes.append(f"{LABEL[res['protocol']]} concurrency {res['concurrency']} "
+                         f"({res['rounds']} rounds x {res['calls_per_round']} requests per path):"
+                         f" load average {cpu['loadavg_before']} -> {cpu['loadavg_after']}; "
+                         f"bench, Triton and proxies used {cpu['our_cores']:.2f} cores, other "
+                         f"processes {cpu['other_cores'] or 0:.2f}.")
+        for proto in PROTOCOLS:
+            c1 = m[phase_key(proto, CONCURRENCY[0])]["paths"]
+            notes.append(f"{LABEL[proto]}, concurrency 1: client (this process) CPU per "
+                         "request: " + ", ".join(
+                             f"{p} {e['client_cpu_ms_per_request']:.3f} ms"
+                             for p, e in c1.items())
+                         + "; Triton (server + stub) CPU per request: " + ", ".join(
+                             f"{p} {e['triton_cpu_ms_per_request']:.3f} ms"
+                             for p, e in c1.items()) + " (/proc, 10 ms ticks).")
+            cores = ", ".join(f"{p} {e['proxy_cores']:.2f}" for p, e in
+                              m[phase_key(proto, CONCURRENCY[-1])]["paths"].items()
+                              if e["proxy_cores"] is not None)
+            loops = ", ".join(
+                f"{p} {e['loop_thread_cpu_ms_per_request']:.3f} ms (GC "
+                f"{e['gc_us_per_request'] / 1000:.3f})"
+                for p, e in m[phase_key(proto, CONCURRENCY[-1])]["paths"].items()
+                if e["loop_thread_cpu_ms_per_request"] is not None)
+            notes.append(f"{LABEL[proto]}, concurrency {CONCURRENCY[-1]}: cores busy per "
+                         f"process: {cores}; event-loop thread CPU per request: {loops}.")
     ends = results.get("children_end") or {}
     rc = (ends.get("router") or {}).get("counters")
     if rc:
         notes.append(f"router counters at the end: {json.dumps(rc['router'])}; scorer "
                      f"{json.dumps(rc['scorer'])}")
     prof = results.get("profile")
-    if prof and m:
-        b = prof["breakdown"]
-        c8 = m["c8"]["paths"]
-        extra = (c8["router"]["loop_thread_cpu_ms_per_request"]
-                 - c8["proxy"]["loop_thread_cpu_ms_per_request"]) * 1000
-        own = sum(v["us_per_request"] for k, v in b["steps"].items()
-                  if not k.startswith("upstream call"))
-        notes.append(f"where the router's extra CPU goes (concurrency 8): its event-loop thread "
-                     f"used {extra:.0f} us per request more than the bare proxy's in the "
-                     f"measurement; its own steps, timed in place over {b['calls']} requests, "
-                     f"take {own:.0f} us (" + ", ".join(
-                         f"{k} {v['us_per_request']:.1f}" for k, v in b["steps"].items()
-                         if not k.startswith("upstream call"))
-                     + f"); the other {extra - own:.0f} us is gRPC/asyncio glue around them "
-                     "(the handler's coroutine chain, context metadata and deadline calls, "
-                     "result objects).")
     if prof:
-        for kind, p in prof["cprofile"].items():
-            notes.append(f"cProfile ({kind}, {p['calls']} requests at concurrency 8, CPU time "
-                         f"of its loop thread): {p['python_us_per_request']:.0f} us per request "
-                         f"under the profiler (process CPU/request while profiled "
+        for proto, b in prof["breakdown"].items():
+            res = (m or {}).get(phase_key(proto, b["concurrency"]), {}).get("paths", {})
+            own = sum(v["us_per_request"] for k, v in b["steps"].items()
+                      if not k.startswith("upstream call"))
+            text = (f"{LABEL[proto]}: the router's own steps, timed in place over {b['calls']} "
+                    f"requests at concurrency {b['concurrency']}, take {own:.0f} us per request "
+                    "(" + ", ".join(f"{k} {v['us_per_request']:.1f}"
+                                    for k, v in b["steps"].items()
+                                    if not k.startswith("upstream call")) + ")")
+            if res.get("router", {}).get("loop_thread_cpu_ms_per_request") is not None and \
+                    res.get("proxy", {}).get("loop_thread_cpu_ms_per_request") is not None:
+                extra = (res["router"]["loop_thread_cpu_ms_per_request"]
+                         - res["proxy"]["loop_thread_cpu_ms_per_request"]) * 1000
+                text += (f"; in the measurement its event-loop thread used {extra:.0f} us per "
+                         "request more than the bare proxy's")
+            notes.append(text + ".")
+        for key, p in prof["cprofile"].items():
+            notes.append(f"cProfile ({key}, {p['calls']} requests at concurrency "
+                         f"{p['concurrency']}, CPU time of its loop thread): "
+                         f"{p['python_us_per_request']:.0f} us per request under the profiler "
+                         f"(process CPU/request while profiled "
                          f"{p['cpu_ms_per_request_profiled']:.3f} ms); top by own time: "
                          + "; ".join(f"{r['function']} {r['tottime_us_per_request']:.1f} us"
                                      for r in p["top_tottime"][:12]))
@@ -895,45 +1302,66 @@ def build_notes(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
 
 def profile_md(prof: dict[str, Any]) -> list[str]:
     lines = []
-    for kind, p in prof.items():
-        for key, label in (("top_tottime", "own time"), ("top_cumtime", "cumulative time")):
-            lines += ["", f"### cProfile, {kind}: top functions by {label} "
-                          f"({p['calls']} requests at concurrency 8; CPU time of the event "
-                          "loop's thread, inflated by the profiler; Cython code of grpc.aio is "
-                          "not seen by cProfile and is counted in its caller, mostly "
-                          "Context.run)", ""]
+    for key, p in prof.items():
+        for col, label in (("top_tottime", "own time"), ("top_cumtime", "cumulative time")):
+            lines += ["", f"### cProfile, {key}: top functions by {label} "
+                          f"({p['calls']} requests at concurrency {p['concurrency']}; CPU time "
+                          "of the event loop's thread, inflated by the profiler; Cython code of "
+                          "grpc.aio is not seen by cProfile and is counted in its caller, "
+                          "mostly Context.run)", ""]
             lines.append(format_table(
                 ("function", "calls/request", "own us/request", "cumulative us/request"),
                 [[r["function"], f"{r['ncalls'] / p['calls']:.2f}",
                   f"{r['tottime_us_per_request']:.1f}", f"{r['cumtime_us_per_request']:.1f}"]
-                 for r in p[key]]))
+                 for r in p[col]]))
     return lines
 
 
-def write_markdown(path: Path, title: str, rows: list[list[str]], notes: list[str],
+def phase_title(proto: str, conc: int, res: dict[str, Any] | None) -> str:
+    t = f"{LABEL[proto]}, concurrency {conc}"
+    if res:
+        t += f" ({res['rounds']} rounds x {res['calls_per_round']} requests per path)"
+    return t
+
+
+BARS_TEXT = (f"Bars, per protocol, against the bare proxy of the same protocol in the same run: "
+             f"router added p50 at concurrency 1 <= proxy added p50 + {ADDED_P50_MARGIN_MS:g} ms "
+             f"(pooled and paired median); router CPU per request <= {CPU_RATIO_BAR:g}x the "
+             f"proxy's at concurrency {CONCURRENCY[-1]} (concurrency 1 reported). NGINX beside, "
+             "no bar. Latencies in ms; added = path - direct; CPU per request of the path's "
+             "process(es).")
+
+
+def write_markdown(path: Path, title: str, rows: list[list[str]],
+                   phase_rows: dict[str, list[list[str]]], notes: list[str],
                    report: dict[str, Any]) -> None:
     lines = [f"# {title}", "",
              f"{report['when']}, {report['cpu_count']} CPUs ({report['cpu_model']}), Python "
              f"{report['python']}, commit {report['git']['commit'][:12]}"
              + (f" + uncommitted changes in {', '.join(report['git']['dirty_files'])}"
                 if report["git"]["dirty_files"] else "") + ".", "",
-             f"`{' '.join(report['argv'])}`", "",
-             f"Bars: router CPU per request <= {CPU_RATIO_BAR:g}x the bare proxy's (same run); "
-             f"added p50 latency (router - direct) <= {ADDED_P50_BAR_MS:g} ms at concurrency "
-             "1.", "", format_table(HEAD, rows), ""]
+             f"`{' '.join(report['argv'])}`", "", BARS_TEXT, "", format_table(HEAD, rows), ""]
+    m = report["results"].get("measure") or {}
+    for proto, conc in PHASES:
+        key = phase_key(proto, conc)
+        if key in phase_rows:
+            lines += [f"### {phase_title(proto, conc, m.get(key))}", "",
+                      format_table(PATH_HEAD, phase_rows[key]), ""]
     lines += [f"* {n}" for n in notes]
-    if report["results"].get("profile"):
-        b = report["results"]["profile"]["breakdown"]
-        lines += ["", f"### The router's own steps, timed in place ({b['calls']} requests at "
-                      "concurrency 8; CPU of the event loop's thread)", "",
-                  format_table(("step", "calls/request", "us/request"),
-                               [[k, f"{v['calls_per_request']:.2f}",
-                                 f"{v['us_per_request']:.1f}"]
-                                for k, v in b["steps"].items()]),
-                  "", f"Process CPU per request during it {b['cpu_ms_per_request']:.3f} ms, "
-                      f"event-loop thread {b['loop_thread_cpu_ms_per_request']:.3f} ms "
-                      "(with the wrappers)."]
-        lines += profile_md(report["results"]["profile"]["cprofile"])
+    prof = report["results"].get("profile")
+    if prof:
+        for proto, b in prof["breakdown"].items():
+            lines += ["", f"### {LABEL[proto]}: the router's own steps, timed in place "
+                          f"({b['calls']} requests at concurrency {b['concurrency']}; CPU of "
+                          "the event loop's thread)", "",
+                      format_table(("step", "calls/request", "us/request"),
+                                   [[k, f"{v['calls_per_request']:.2f}",
+                                     f"{v['us_per_request']:.1f}"]
+                                    for k, v in b["steps"].items()]),
+                      "", f"Process CPU per request during it {b['cpu_ms_per_request']:.3f} ms, "
+                          f"event-loop thread {b['loop_thread_cpu_ms_per_request']:.3f} ms "
+                          "(with the wrappers)."]
+        lines += profile_md(prof["cprofile"])
     lines += ["", f"Wall time {report['wall_s']:.0f} s. Full data: "
               f"`{path.with_suffix('.json').name}`.", ""]
     path.write_text("\n".join(lines))
@@ -942,36 +1370,57 @@ def write_markdown(path: Path, title: str, rows: list[list[str]], notes: list[st
 # --- main ---------------------------------------------------------------------------------------
 
 
+def build_targets(triton: Any, children: dict[str, Any], nginx: Nginx | None,
+                  skipped: dict[str, dict[str, str]]) -> dict[str, dict[str, Target]]:
+    """protocol -> path -> Target, in the order of PATHS, without the skipped paths."""
+    router = children["router"]
+    avail: dict[str, dict[str, Target]] = {
+        "grpc": {"direct": Target(triton.grpc_url),
+                 "proxy": Target(children["proxy"].addr, children["proxy"].cpu, True),
+                 "router": Target(router.addr, router.cpu, True),
+                 "worker": Target(children["worker"].addr, children["worker"].cpu)},
+        "http": {"direct": Target(triton.http_url.removeprefix("http://")),
+                 "proxy": Target(children["httpproxy"].addr, children["httpproxy"].cpu, True)}}
+    if router.info.get("http_addr"):
+        avail["http"]["router"] = Target(str(router.info["http_addr"]), router.cpu, True)
+    if nginx is not None:
+        avail["grpc"]["nginx"] = Target(nginx.grpc_addr, nginx.cpu)
+        avail["http"]["nginx"] = Target(nginx.http_addr, nginx.cpu)
+    return {proto: {p: avail[proto][p] for p in PATHS[proto] if p not in skipped[proto]}
+            for proto in PROTOCOLS}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke check")
     ap.add_argument("--rounds", type=int, help="concurrency-1 rounds (15; quick 2)")
     ap.add_argument("--calls", type=int, help="requests per path per concurrency-1 round "
                                               "(500; quick 100)")
-    ap.add_argument("--rounds-c8", type=int, help="concurrency-8 rounds (8; quick 1)")
-    ap.add_argument("--calls-c8", type=int, help="requests per path per concurrency-8 round "
-                                                 "(2000; quick 300)")
+    ap.add_argument("--rounds-c16", type=int, help="concurrency-16 rounds (8; quick 1)")
+    ap.add_argument("--calls-c16", type=int, help="requests per path per concurrency-16 round "
+                                                  "(2000; quick 300)")
     ap.add_argument("--warmup", type=int, default=200, help="untimed requests per path")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
-                    help="profile the proxies after the measurement (default: when the "
-                         "router misses the CPU bar)")
+                    help="profile the router and the bare proxies after the measurement "
+                         "(default: when the router misses a CPU bar)")
     ap.add_argument("--profile-calls", type=int, help="requests profiled (3000; quick 500)")
     ap.add_argument("--out", type=Path,
                     default=ROOT / "bench" / "results" / "router_overhead.json")
     ap.add_argument("--keep", action="store_true",
                     help="keep the work dir (logs, the profiles' .pstats files)")
     ap.add_argument("--proxy-child", help=argparse.SUPPRESS)
+    ap.add_argument("--httpproxy-child", help=argparse.SUPPRESS)
     ap.add_argument("--router-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.proxy_child:
-        return child_main("proxy", json.loads(args.proxy_child))
-    if args.router_child:
-        return child_main("router", json.loads(args.router_child))
+    for kind in ("proxy", "httpproxy", "router"):
+        spec = getattr(args, f"{kind}_child")
+        if spec:
+            return child_main(kind, json.loads(spec))
     q = args.quick
     args.rounds = args.rounds or (2 if q else 15)
     args.calls = args.calls or (100 if q else 500)
-    args.rounds_c8 = args.rounds_c8 or (1 if q else 8)
-    args.calls_c8 = args.calls_c8 or (300 if q else 2000)
+    args.rounds_c16 = args.rounds_c16 or (1 if q else 8)
+    args.calls_c16 = args.calls_c16 or (300 if q else 2000)
     args.profile_calls = args.profile_calls or (500 if q else 3000)
 
     from meshd.devtriton import DEFAULT_REPO, TritonServer, unavailable_reason
@@ -983,41 +1432,68 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="meshd-bench-router-"))
     started = time.perf_counter()
     log(f"router_overhead{' (quick)' if q else ''}: work dir {workdir}; load average "
-         f"{loadavg()}")
-    results: dict[str, Any] = {}
+        f"{loadavg()}")
+    results: dict[str, Any] = {"setup": {}}
     failed: list[str] = []
+    skipped: dict[str, dict[str, str]] = {proto: {} for proto in PROTOCOLS}
     triton = TritonServer(DEFAULT_REPO, workdir / "triton", models=[MODEL], name="triton")
-    children: dict[str, Child] = {}
+    children: dict[str, Any] = {}
+    nginx: Nginx | None = None
     try:
         t0 = time.monotonic()
         triton.start(timeout=180)
-        log(f"Triton ready in {time.monotonic() - t0:.1f} s at {triton.grpc_url}")
-        for kind in ("proxy", "router"):
-            children[kind] = Child(kind, {"upstream": triton.grpc_url},
-                                   workdir / f"{kind}.log")
-            log(f"{kind} (pid {children[kind].pid}) on {children[kind].addr}")
-        children["worker"] = WorkerPath(children["router"])  # type: ignore[assignment]
+        log(f"Triton ready in {time.monotonic() - t0:.1f} s at {triton.grpc_url} (gRPC), "
+            f"{triton.http_url} (HTTP)")
+        for kind, spec in (("proxy", {"upstream": triton.grpc_url}),
+                           ("httpproxy", {"upstream": triton.http_url}),
+                           ("router", {"upstream": triton.grpc_url, "http": True})):
+            children[kind] = Child(kind, spec, workdir / f"{kind}.log")
+            log(f"{kind} (pid {children[kind].pid}) on {children[kind].addr}"
+                + (f" (gRPC), {children[kind].info.get('http_addr') or 'no HTTP: '}"
+                   f"{children[kind].info.get('http_missing', '')}"
+                   if kind == "router" else ""))
+        if children["router"].info.get("http_missing"):
+            skipped["http"]["router"] = f"n/a: {children['router'].info['http_missing']}"
+        children["worker"] = WorkerPath(children["router"])
         log(f"router worker (pid {children['worker'].pid}) on {children['worker'].addr}")
+        if not os.access(NGINX, os.X_OK):
+            for proto in PROTOCOLS:
+                skipped[proto]["nginx"] = "skipped: nginx not installed"
+        else:
+            results["setup"]["nginx_version"] = nginx_version()
+            try:
+                nginx = Nginx(workdir, triton.grpc_url, triton.http_url.removeprefix("http://"))
+                log(f"nginx {results['setup']['nginx_version']} (pid {nginx.pid}) on "
+                    f"{nginx.grpc_addr} (gRPC), {nginx.http_addr} (HTTP)")
+            except Exception as exc:  # noqa: BLE001 - reported
+                for proto in PROTOCOLS:
+                    skipped[proto]["nginx"] = f"skipped: nginx failed to start: {exc}"[:200]
+                log(f"nginx failed to start: {exc}")
+        targets = build_targets(triton, children, nginx, skipped)
+
+        def pids() -> list[int]:
+            return [*(c.pid for c in children.values()), *(nginx.pids() if nginx else [])]
         try:
-            results["measure"] = measure(args, triton, children, workdir)
+            results["measure"] = measure(args, triton, targets, pids)
         except Exception as exc:  # noqa: BLE001 - reported
             failed.append(f"measure: {type(exc).__name__}: {exc}")
             log(f"measure FAILED: {exc}")
         m: Any = results.get("measure")
         missed = bool(m) and any(
-            m[ph]["paths"]["router"]["cpu_ms_per_request"]
-            > CPU_RATIO_BAR * m[ph]["paths"]["proxy"]["cpu_ms_per_request"]
-            for ph in ("c1", "c8"))
+            m[phase_key(proto, conc)]["paths"]["router"]["cpu_ratio_to_proxy"] > CPU_RATIO_BAR
+            for proto, conc in PHASES if "router" in m[phase_key(proto, conc)]["paths"])
         if args.profile or (args.profile is None and missed):
             try:
-                log("profiling the proxies" + (" (the router missed the CPU bar)"
-                                                if missed else ""))
-                results["profile"] = profile(args, triton, children, workdir)
+                log("profiling the router and the bare proxies"
+                    + (" (the router missed a CPU bar)" if missed else ""))
+                results["profile"] = profile(args, targets, children, workdir)
             except Exception as exc:  # noqa: BLE001 - reported
                 failed.append(f"profile: {type(exc).__name__}: {exc}")
                 log(f"profile FAILED: {exc}")
     finally:
         results["children_end"] = {k: c.stop() for k, c in children.items()}
+        if nginx is not None:
+            results["children_end"]["nginx"] = nginx.stop()
         triton.stop()
         if args.keep or failed:
             print(f"work dir kept: {workdir}", file=sys.stderr)
@@ -1025,15 +1501,24 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     wall = time.perf_counter() - started
 
-    rows = build_rows(results)
+    rows = bar_rows(results, skipped)
     for f in failed:
         rows.append([f"section {f.split(':', 1)[0]}", f.split(":", 1)[1].strip()[:160], "",
                      "FAIL"])
+    m = results.get("measure") or {}
+    phase_rows = {key: path_rows(m[key], skipped[proto]) for proto, conc in PHASES
+                  if (key := phase_key(proto, conc)) in m}
     notes = build_notes(results, args)
-    title = (f"Router overhead: direct vs bare proxy vs meshd router, one Triton"
-             f"{': QUICK sizes' if q else ''}")
+    title = (f"Router overhead, gRPC and HTTP: direct vs bare proxy vs NGINX vs meshd router, "
+             f"one Triton{': QUICK sizes' if q else ''}")
     print(f"\n{title} ({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
+    print(BARS_TEXT + "\n")
     print_table(HEAD, rows)
+    for proto, conc in PHASES:
+        key = phase_key(proto, conc)
+        if key in phase_rows:
+            print(f"\n{phase_title(proto, conc, m.get(key))}\n")
+            print_table(PATH_HEAD, phase_rows[key])
     for note in notes:
         print(f"\n* {note}")
     print(f"\nwall time {wall:.0f} s")
@@ -1042,11 +1527,16 @@ def main(argv: list[str] | None = None) -> int:
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
         "loadavg_end": loadavg(), "git": git_state(), "wall_s": wall,
         "setup": {"model": MODEL, "inputs": f"2 x [1, {WIDTH}] FP32", "rounds": args.rounds,
-                  "calls": args.calls, "rounds_c8": args.rounds_c8, "calls_c8": args.calls_c8,
-                  "warmup": args.warmup, "profile_calls": args.profile_calls,
-                  "bars": {"cpu_ratio": CPU_RATIO_BAR, "added_p50_ms": ADDED_P50_BAR_MS,
-                           "proxy_cpu_expected_ms": PROXY_CPU_EXPECTED_MS}},
+                  "calls": args.calls, "rounds_c16": args.rounds_c16,
+                  "calls_c16": args.calls_c16, "warmup": args.warmup,
+                  "profile_calls": args.profile_calls, "concurrency": CONCURRENCY,
+                  "skipped": skipped, **results.pop("setup"),
+                  "nginx_conf": NGINX_CONF if nginx is not None else None,
+                  "bars": {"cpu_ratio": CPU_RATIO_BAR,
+                           "added_p50_margin_ms": ADDED_P50_MARGIN_MS}},
         "table": [dict(zip(HEAD, r, strict=True)) for r in rows],
+        "path_tables": {k: [dict(zip(PATH_HEAD, r, strict=True)) for r in v]
+                        for k, v in phase_rows.items()},
         "notes": notes, "failed": failed, "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -1054,7 +1544,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
     os.replace(tmp, args.out)
     md = args.out.with_suffix(".md")
-    write_markdown(md, title, rows, notes, report)
+    write_markdown(md, title, rows, phase_rows, notes, report)
     for p in (args.out, md):
         print(f"wrote {p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}")
     return 1 if any(r[3] == "FAIL" for r in rows) else 0
