@@ -35,7 +35,7 @@ from meshd.router.dispatch import Failed, Tally, attempt_span, dispatch, dispatc
 from meshd.router.scoring import Scoring, ScoringUnavailable
 from meshd.router.traces import RequestTrace, RequestTracer
 from meshd.router.upstream import Upstreams
-from meshd.router.validate import InvalidRequest, ModelSchema, validate
+from meshd.router.validate import InvalidRequest, ModelSchema, SharedMemoryRequest, validate
 from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
 from meshd.score.sequences import sequence_key
 
@@ -207,16 +207,24 @@ class Gateway:
         failed[why] = failed.get(why, 0) + 1
 
     async def infer(self, raw: bytes, req: service_pb2.ModelInferRequest, caller: Caller,
-                    remaining: float | None, rt: RequestTrace | None) -> bytes:
+                    remaining: float | None, rt: RequestTrace | None,
+                    shm: bool = False) -> bytes:
         """The reply bytes (a ``ModelInferResponse``) for one request (``raw`` is ``req``
         serialized), or :class:`RouterError`.  Counts the request as it ends: completed,
-        failed, shed or invalid (the ingress counts it received, and cancelled)."""
+        failed, shed or invalid (the ingress counts it received, and cancelled).  A request
+        naming shared memory regions goes through :attr:`shm`, which reads and writes them and
+        calls back with ``shm`` set."""
         c = self.counters
         now = self.clock()
         model, version = req.model_name, req.model_version
         schema = await self._schema(model, version, now)
         try:
             payload = validate(req, schema, self.max_bytes)
+        except SharedMemoryRequest:
+            if self.shm is None or shm:
+                raise RouterError(grpc.StatusCode.UNIMPLEMENTED,
+                                  "this router serves no system shared memory") from None
+            return await self.shm.infer(req, caller, remaining, rt)  # type: ignore[no-any-return]
         except InvalidRequest as exc:
             c.invalid += 1
             raise RouterError(grpc.StatusCode[exc.code], str(exc)) from None

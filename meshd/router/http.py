@@ -181,7 +181,7 @@ class HttpService:
 
     ``shm`` serves system shared memory (an object like :class:`meshd.router.shm.Regions`:
     ``register(name, key, offset, byte_size, peer)``, ``unregister(name)``, ``status(name)``,
-    ``used_by(req)`` and ``infer(req, caller, remaining, rt)``); None answers those endpoints,
+    and ``infer(req, caller, remaining, rt)``); None answers those endpoints,
     and requests that name a region, with 501."""
 
     def __init__(self, gateway: Gateway, auth: ClientAuth, shm: Any = None) -> None:

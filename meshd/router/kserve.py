@@ -149,11 +149,7 @@ class KServeService:
                 c.invalid += 1
                 raise RouterError(grpc.StatusCode.INVALID_ARGUMENT,
                                   "request is not a ModelInferRequest") from None
-            shm = gw.shm
-            if shm is not None and shm.used_by(req):
-                reply = await shm.infer(req, caller, context.time_remaining(), rt)
-            else:
-                reply = await gw.infer(raw, req, caller, context.time_remaining(), rt)
+            reply = await gw.infer(raw, req, caller, context.time_remaining(), rt)
         except RouterError as err:
             if rt is not None:
                 rt.finish(err.code.name, {"rpc.grpc.status_code": err.code.value[0]})

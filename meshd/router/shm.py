@@ -190,20 +190,6 @@ class Regions:
 
     # --- inference ----------------------------------------------------------------------------
 
-    @staticmethod
-    def used_by(req: service_pb2.ModelInferRequest) -> bool:
-        """Whether any input or requested output of ``req`` names a region."""
-        inputs, outputs = req.inputs, req.outputs
-        for i in range(len(inputs)):
-            params = inputs[i].parameters
-            if params and REGION in params:
-                return True
-        for i in range(len(outputs)):
-            params = outputs[i].parameters
-            if params and REGION in params:
-                return True
-        return False
-
     def _slice(self, params: Any) -> tuple[Region, int, int]:
         name = params[REGION].string_param
         region = self.lookup(name)
@@ -256,7 +242,8 @@ class Regions:
                 for key in (REGION, SIZE, OFFSET):
                     if key in params:
                         del params[key]
-        reply = await self.gateway.infer(req.SerializeToString(), req, caller, remaining, rt)
+        reply = await self.gateway.infer(req.SerializeToString(), req, caller, remaining, rt,
+                                         shm=True)
         if not targets:
             return reply
         resp = service_pb2.ModelInferResponse.FromString(reply)

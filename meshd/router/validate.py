@@ -113,6 +113,7 @@ __all__ = [
     "InvalidRequest",
     "ModelSchema",
     "PayloadTooLarge",
+    "SharedMemoryRequest",
     "TensorSpec",
     "check_shared_memory",
     "triton_input_order",
@@ -182,6 +183,11 @@ class InvalidRequest(ValueError):
         super().__init__(message)
         self.tensor = tensor
         self.code = code
+
+
+class SharedMemoryRequest(InvalidRequest):
+    """An input or requested output names a shared memory region: only a router on the
+    client's host can serve it, by reading and writing the region itself."""
 
 
 class PayloadTooLarge(InvalidRequest):
@@ -386,6 +392,8 @@ def validate(request: service_pb2.ModelInferRequest, schema: ModelSchema,
             if output.parameters:
                 check_shared_memory(request)
         return total
+    except SharedMemoryRequest:
+        raise  # not a mistake: a router on the client's host serves it (meshd.router.shm)
     except InvalidRequest:
         try:
             _triton_check(request, schema, max_bytes)  # raises what Triton reports, if it rejects
@@ -403,14 +411,14 @@ def check_shared_memory(request: service_pb2.ModelInferRequest) -> None:
     for index in range(len(inputs)):
         tensor = inputs[index]
         if tensor.parameters and _SHM_PARAM in tensor.parameters:
-            raise InvalidRequest(f"input {_q(tensor.name)}: shared memory inputs cannot be "
-                                 f"routed", tensor.name)
+            raise SharedMemoryRequest(f"input {_q(tensor.name)}: shared memory inputs cannot "
+                                      f"be routed", tensor.name)
     outputs = request.outputs
     for index in range(len(outputs)):
         output = outputs[index]
         if output.parameters and _SHM_PARAM in output.parameters:
-            raise InvalidRequest(f"output {_q(output.name)}: shared memory outputs cannot be "
-                                 f"routed", output.name)
+            raise SharedMemoryRequest(f"output {_q(output.name)}: shared memory outputs cannot "
+                                      f"be routed", output.name)
 
 
 # --------------------------------------------------------------------------- hot path helpers
