@@ -316,8 +316,14 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
     traffic_stop = threading.Event()
     if tritons and router_nodes and args.requests > 0:
         router = router_addr(router_nodes[0], per_ip)
-        print(f"     router: tritonclient at {router} (mTLS with {creds}); traffic rounds "
-              f"of {args.requests} requests show where they went", flush=True)
+        https = router_http_addr(router_nodes[0], per_ip)
+        print(f"     router: Triton's gRPC at {router}, HTTPS at {https} (mTLS with {creds});"
+              f" traffic rounds of {args.requests} requests show where they went", flush=True)
+        print(f"       tritonclient.grpc.InferenceServerClient('{router}', ssl=True, "
+              f"root_certificates='{creds}/bundle.pem', private_key='{creds}/key.pem', "
+              f"certificate_chain='{creds}/cert.pem')", flush=True)
+        print(f"       curl --cacert {creds}/bundle.pem --cert {creds}/cert.pem --key "
+              f"{creds}/key.pem https://{https}/v2/models/add_sub", flush=True)
         threading.Thread(target=_traffic, args=(router, creds, tritons, args, traffic_stop),
                          daemon=True).start()
     with tls.grpc_channel(admin_addr, Identity.load(creds)) as channel:
