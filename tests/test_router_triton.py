@@ -9,6 +9,7 @@ server (CUDA shared memory, repository control) is UNIMPLEMENTED, saying why.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,14 +68,19 @@ def test_statistics_are_the_sum_over_the_replicas(fleet: Any) -> None:
     via = tc.InferenceServerClient(h.addr)
     for _ in range(12):
         add_sub(via, 4)
-    one = [tc.InferenceServerClient(s.grpc_url).get_inference_statistics("add_sub",
-                                                                          as_json=True)
-           for s in servers]
-    total = via.get_inference_statistics("add_sub", as_json=True)
+    deadline = time.monotonic() + 10
+    while True:  # Triton books a request's statistics just after answering it: let them settle
+        parts = [tc.InferenceServerClient(s.grpc_url).get_inference_statistics(
+            "add_sub", as_json=True)["model_stats"][0] for s in servers]
+        total = via.get_inference_statistics("add_sub", as_json=True)
+        again = [tc.InferenceServerClient(s.grpc_url).get_inference_statistics(
+            "add_sub", as_json=True)["model_stats"][0] for s in servers]
+        if parts == again or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert len(total["model_stats"]) == 1
     got = total["model_stats"][0]
     assert (got["name"], got["version"]) == ("add_sub", "1")
-    parts = [o["model_stats"][0] for o in one]
     for field in ("inference_count", "execution_count"):
         assert int(got.get(field, 0)) == sum(int(p.get(field, 0)) for p in parts)
     success = got["inference_stats"]["success"]

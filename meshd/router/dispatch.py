@@ -202,6 +202,57 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
         raise
 
 
+@dataclass(slots=True)
+class _Tried:
+    """One attempt made in turn: its reply, or its error."""
+
+    reply: bytes | None
+    code: grpc.StatusCode
+    details: str
+    status: Status
+    started: float
+    span: SpanRecord | None
+
+
+async def _try(raw: bytes, method: str, choice: Choice, i: int, *, upstreams: Upstreams,
+               report: Report, clock: Callable[[], float], deadline: float | None,
+               metadata: Sequence[tuple[str, str]], trace: RequestTrace | None) -> _Tried:
+    """One attempt at ``choice`` (the ``i``-th), awaited directly: its reply or its error.  A
+    deadline already past raises :class:`Failed`; a client gone away cancels the call."""
+    started = clock()
+    if deadline is not None and started >= deadline:
+        report("", 0.0, Status.TIMEOUT, False, True)
+        raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
+                     f"deadline exceeded after trying {i} replica(s)")
+    span, md = attempt_span(trace, choice, False, metadata)
+    call = upstreams.unary(choice.endpoint, method)(
+        raw, timeout=None if deadline is None else deadline - started, metadata=md or None)
+    try:
+        reply: bytes = await call
+    except asyncio.CancelledError:  # the client went away
+        call.cancel()
+        report(choice.replica, clock() - started, Status.CANCELLED, False, True)
+        _end(span, Status.CANCELLED)
+        raise
+    except Exception as exc:  # noqa: BLE001 - classified by the caller, never swallowed
+        code, details = _error(exc)
+        status = STATUS_OF.get(code, Status.ERROR)
+        _end(span, status, f"{code.name}: {details}")
+        return _Tried(None, code, details, status, started, span)
+    return _Tried(reply, grpc.StatusCode.OK, "", Status.OK, started, span)
+
+
+def _answered(report: Report, clock: Callable[[], float], choice: Choice,
+              tried: _Tried) -> bytes:
+    """The reply of a good attempt, reported once it is on its way: the client does not wait
+    for the bookkeeping."""
+    asyncio.get_running_loop().call_soon(report, choice.replica, clock() - tried.started,
+                                         Status.OK, False, True)
+    _end(tried.span, Status.OK)
+    assert tried.reply is not None
+    return tried.reply
+
+
 async def _in_turn(raw: bytes, method: str, queue: list[Choice], *, upstreams: Upstreams,
                    report: Report, clock: Callable[[], float], deadline: float | None,
                    metadata: Sequence[tuple[str, str]], tally: Tally,
@@ -211,38 +262,17 @@ async def _in_turn(raw: bytes, method: str, queue: list[Choice], *, upstreams: U
     last: tuple[grpc.StatusCode, str] = (grpc.StatusCode.UNAVAILABLE,
                                          "no target could be tried")
     for i, choice in enumerate(queue):
-        started = clock()
-        if deadline is not None and started >= deadline:
-            report("", 0.0, Status.TIMEOUT, False, True)
-            raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
-                         f"deadline exceeded after trying {i} replica(s)")
         tally.failovers += i > 0
-        span, md = attempt_span(trace, choice, False, metadata)
-        call = upstreams.unary(choice.endpoint, method)(
-            raw, timeout=None if deadline is None else deadline - started,
-            metadata=md or None)
-        try:
-            reply: bytes = await call
-        except asyncio.CancelledError:  # the client went away
-            call.cancel()
-            report(choice.replica, clock() - started, Status.CANCELLED, False, True)
-            _end(span, Status.CANCELLED)
-            raise
-        except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
-            code, details = _error(exc)
-            status = STATUS_OF.get(code, Status.ERROR)
-            final = code not in FAILOVER_CODES or i == len(queue) - 1
-            report(choice.replica, clock() - started, status, False, final)
-            _end(span, status, f"{code.name}: {details}")
-            if code not in FAILOVER_CODES:
-                raise Failed(code, details) from None
-            last = (code, details)
-            continue
-        # Reported once the reply is on its way: the client does not wait for the bookkeeping.
-        asyncio.get_running_loop().call_soon(report, choice.replica, clock() - started,
-                                             Status.OK, False, True)
-        _end(span, Status.OK)
-        return reply
+        tried = await _try(raw, method, choice, i, upstreams=upstreams, report=report,
+                           clock=clock, deadline=deadline, metadata=metadata, trace=trace)
+        if tried.reply is not None:
+            return _answered(report, clock, choice, tried)
+        code, details = tried.code, tried.details
+        final = code not in FAILOVER_CODES or i == len(queue) - 1
+        report(choice.replica, clock() - tried.started, tried.status, False, final)
+        if code not in FAILOVER_CODES:
+            raise Failed(code, details)
+        last = (code, details)
     raise Failed(last[0], last[1])  # the last replica's own words, as Triton gave them
 
 
@@ -252,7 +282,6 @@ def _error(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, asyncio.CancelledError):
         return grpc.StatusCode.CANCELLED, "cancelled"
     return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-
 
 
 async def dispatch_sequence(raw: bytes, targets: Sequence[Choice], *, walk: bool, start: bool,
@@ -269,46 +298,26 @@ async def dispatch_sequence(raw: bytes, targets: Sequence[Choice], *, walk: bool
     final = len(targets) - 1
     unreachable: Choice | None = None
     for i, choice in enumerate(targets):
-        started = clock()
-        if deadline is not None and started >= deadline:
-            report("", 0.0, Status.TIMEOUT, False, True)
-            raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
-                         f"deadline exceeded after trying {i} replica(s)")
-        span, md = attempt_span(trace, choice, False, metadata)
-        call = upstreams.unary(choice.endpoint, "ModelInfer")(
-            raw, timeout=None if deadline is None else deadline - started,
-            metadata=md or None)
-        try:
-            reply: bytes = await call
-        except asyncio.CancelledError:  # the client went away
-            call.cancel()
-            report(choice.replica, clock() - started, Status.CANCELLED, False, True)
-            _end(span, Status.CANCELLED)
-            raise
-        except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
-            code, details = _error(exc)
-            status = STATUS_OF.get(code, Status.ERROR)
-            _end(span, status, f"{code.name}: {details}")
-            not_held = code == grpc.StatusCode.INVALID_ARGUMENT and NOT_HELD in details
-            gone = code == grpc.StatusCode.UNAVAILABLE
-            if gone and walk and unreachable is None:
-                unreachable = choice
-            if i < final and ((walk and (not_held or gone))
-                              or (start and code in START_RETRY)):
-                tally.failovers += 1
-                continue  # nothing changed there: the next replica may hold or take it
-            report(choice.replica, clock() - started, Status.ERROR if not_held else status,
-                   False, True)
-            if gone and not start:
-                raise Failed(grpc.StatusCode.ABORTED,
-                             lost(f" on node {choice.node} ({choice.endpoint})")) from None
-            if not_held and unreachable is not None:
-                raise Failed(grpc.StatusCode.ABORTED, lost(
-                    f" (on node {unreachable.node}, {unreachable.endpoint}, as far as the "
-                    "router can tell)")) from None
-            raise Failed(code, details) from None
-        report(choice.replica, clock() - started, Status.OK, False, True)
-        _end(span, Status.OK)
-        return reply
+        tried = await _try(raw, "ModelInfer", choice, i, upstreams=upstreams, report=report,
+                           clock=clock, deadline=deadline, metadata=metadata, trace=trace)
+        if tried.reply is not None:
+            return _answered(report, clock, choice, tried)
+        code, details = tried.code, tried.details
+        not_held = code == grpc.StatusCode.INVALID_ARGUMENT and NOT_HELD in details
+        gone = code == grpc.StatusCode.UNAVAILABLE
+        if gone and walk and unreachable is None:
+            unreachable = choice
+        if i < final and ((walk and (not_held or gone)) or (start and code in START_RETRY)):
+            tally.failovers += 1
+            continue  # nothing changed there: the next replica may hold or take it
+        report(choice.replica, clock() - tried.started, tried.status, False, True)
+        if gone and not start:
+            raise Failed(grpc.StatusCode.ABORTED,
+                         lost(f" on node {choice.node} ({choice.endpoint})"))
+        if not_held and unreachable is not None:
+            raise Failed(grpc.StatusCode.ABORTED, lost(
+                f" (on node {unreachable.node}, {unreachable.endpoint}, as far as the "
+                "router can tell)"))
+        raise Failed(code, details)
     report("", 0.0, Status.ERROR, False, True)
     raise Failed(grpc.StatusCode.UNAVAILABLE, "no replica could take the sequence's request")
