@@ -48,9 +48,11 @@ the add_sub/delay cases against it):
   TensorRT backend checks them) unless they are shape tensors, and a shape tensor's size
   follows its whole request shape. (Before that PR Triton skipped them for every
   ``tensorrt_*`` model.)
-- Shared memory (``shared_memory_region`` on an input or a requested output) is rejected: a
-  region is registered on one Triton host and cannot follow a request the router may send, or
-  hedge, to any replica (:func:`check_shared_memory`).
+- Shared memory (``shared_memory_region`` on an input or a requested output) is set apart as
+  :class:`SharedMemoryRequest` (:func:`check_shared_memory`): a region lives on one host and
+  cannot follow a request the router may send, or hedge, to any replica, so the router serves
+  such a request itself when it runs on the client's host (:mod:`meshd.router.shm` reads the
+  inputs into the request and writes the outputs back) and refuses it otherwise.
 - Requested outputs must be outputs of the model.
 - The payload - the sum of the inputs' byte sizes as Triton sees them - must not exceed
   ``max_bytes`` (:class:`PayloadTooLarge`, a kind of :class:`InvalidRequest`).
