@@ -43,8 +43,7 @@ over HTTP (tritonclient's default: binary inputs, ``binary_data_output``):
   concurrency limit's floor raised from 2 to 32, else concurrency 16 against the one replica
   sheds once the load raises its latency - the limiter still runs on every request),
   ``meshd.router.server.serve(..., dev=True)`` (gRPC) and ``serve_http`` (HTTP, the same
-  gateway, ``ClientAuth(dev=True)``) on loopback.  "n/a" for HTTP while ``serve_http`` does
-  not exist;
+  gateway) on loopback;
 * ``worker`` (gRPC): tritonclient -> a router worker process (``meshd.router.worker``, started
   by the router child through ``meshd.router.pool.WorkerPool``, as ``--router-workers`` does)
   on a port of its own, scoring through the router child's score link on a Unix socket.  Its
@@ -483,8 +482,7 @@ async def _router(upstream: str, http: bool = False
                   ) -> tuple[Any, str, Callable[[], dict[str, Any]],
                              Callable[[], Awaitable[None]], Breakdown, dict[str, str]]:
     """The meshd router over a fused view listing ``upstream`` as a ready ``add_sub``; with
-    ``http``, its HTTP ingress too (``serve_http``, same gateway): ``{"http_addr": ...}``, or
-    ``{"http_missing": why}`` while meshd has none."""
+    ``http``, its HTTP ingress too (``serve_http``, same gateway): ``{"http_addr": ...}``."""
     import dataclasses
 
     from adapters.model import ReplicaState
@@ -1449,11 +1447,8 @@ def main(argv: list[str] | None = None) -> int:
                            ("router", {"upstream": triton.grpc_url, "http": True})):
             children[kind] = Child(kind, spec, workdir / f"{kind}.log")
             log(f"{kind} (pid {children[kind].pid}) on {children[kind].addr}"
-                + (f" (gRPC), {children[kind].info.get('http_addr') or 'no HTTP: '}"
-                   f"{children[kind].info.get('http_missing', '')}"
+                + (f" (gRPC), {children[kind].info['http_addr']} (HTTP)"
                    if kind == "router" else ""))
-        if children["router"].info.get("http_missing"):
-            skipped["http"]["router"] = f"n/a: {children['router'].info['http_missing']}"
         children["worker"] = WorkerPath(children["router"])
         log(f"router worker (pid {children['worker'].pid}) on {children['worker'].addr}")
         if not os.access(NGINX, os.X_OK):
