@@ -188,6 +188,11 @@ def test_system_shared_memory_through_a_router_on_the_clients_host(fleet: Any) -
     a = np.arange(16, dtype=np.float32).reshape(1, 16)
     b = np.ones((1, 16), dtype=np.float32)
     direct, via = (_shm_round(addr, a, b) for addr in (servers[0].grpc_url, h.addr))
+    # Every request ends exactly once, a region the router refused included.
+    c = h.router.counters
+    assert c.failed.get("NOT_FOUND", 0) >= 1
+    assert c.requests == (c.completed + c.invalid + c.cancelled + sum(c.failed.values())
+                          + sum(c.shed.values()))
     np.testing.assert_array_equal(direct[0], a + b)
     np.testing.assert_array_equal(via[0], a + b)
     np.testing.assert_array_equal(via[1], a - b)

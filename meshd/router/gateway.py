@@ -28,7 +28,6 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from meshd import __version__
 from meshd.router import statistics
 from meshd.router.counters import RouterCounters
 from meshd.router.dispatch import Failed, Tally, attempt_span, dispatch, dispatch_sequence
@@ -222,6 +221,7 @@ class Gateway:
             payload = validate(req, schema, self.max_bytes)
         except SharedMemoryRequest:
             if self.shm is None or shm:
+                self.failed("UNIMPLEMENTED")
                 raise RouterError(grpc.StatusCode.UNIMPLEMENTED,
                                   "this router serves no system shared memory") from None
             return await self.shm.infer(req, caller, remaining, rt)  # type: ignore[no-any-return]
@@ -461,10 +461,6 @@ class Gateway:
             return True
         check_version(version)
         return False
-
-    @property
-    def version(self) -> str:
-        return __version__
 
 
 class _StreamRelay:

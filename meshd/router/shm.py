@@ -206,7 +206,25 @@ class Regions:
     async def infer(self, req: service_pb2.ModelInferRequest, caller: Caller,
                     remaining: float | None, rt: RequestTrace | None) -> bytes:
         """``req`` with its shared-memory inputs read into the request and its shared-memory
-        outputs written to their regions (see the module doc)."""
+        outputs written to their regions (see the module doc).  A request refused here, before
+        it reaches the gateway, is counted here (invalid, or failed by its status)."""
+        try:
+            req, targets = self._read_inputs(req)
+        except RouterError as err:
+            if err.code == grpc.StatusCode.INVALID_ARGUMENT:
+                self.gateway.counters.invalid += 1
+            else:
+                self.gateway.failed(err.code.name)
+            raise
+        reply = await self.gateway.infer(req.SerializeToString(), req, caller, remaining, rt,
+                                         shm=True)
+        return self._write_outputs(reply, targets) if targets else reply
+
+    def _read_inputs(self, req: service_pb2.ModelInferRequest
+                     ) -> tuple[service_pb2.ModelInferRequest,
+                                dict[str, tuple[Region, int, int]]]:
+        """``req`` with its inputs' regions read into ``raw_input_contents`` and every region
+        parameter removed; where each shared-memory output goes."""
         inputs = req.inputs
         raw = list(req.raw_input_contents)
         if raw and len(raw) != len(inputs):
@@ -242,10 +260,11 @@ class Regions:
                 for key in (REGION, SIZE, OFFSET):
                     if key in params:
                         del params[key]
-        reply = await self.gateway.infer(req.SerializeToString(), req, caller, remaining, rt,
-                                         shm=True)
-        if not targets:
-            return reply
+        return req, targets
+
+    @staticmethod
+    def _write_outputs(reply: bytes, targets: dict[str, tuple[Region, int, int]]) -> bytes:
+        """Each shared-memory output of ``reply`` written to its region, its entry emptied."""
         resp = service_pb2.ModelInferResponse.FromString(reply)
         contents = resp.raw_output_contents
         for i, out in enumerate(resp.outputs):
