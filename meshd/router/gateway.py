@@ -302,23 +302,31 @@ class Gateway:
         except ScoringUnavailable as exc:
             raise RouterError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
 
+    async def schema(self, model: str, version: str) -> ModelSchema:
+        """The model's schema (its config, fetched from a ready replica and cached), or the
+        error Triton would give for a model it cannot serve."""
+        now = self.clock()
+        schema = self.schemas.cached(model, version, now)
+        if schema is not None:
+            return schema
+        endpoints = await self._endpoints(model, version)
+        if endpoints:
+            schema = await self.schemas.get(model, version, endpoints[:3], now)
+        if schema is None:
+            raise await self._missing(model, version)
+        return schema
+
     async def _schema(self, model: str, version: str, now: float) -> ModelSchema:
-        """The model's schema, or the error Triton would give for a model it cannot serve
-        (counted as a failed request)."""
+        """:meth:`schema` for a request, whose failure is counted as a failed request."""
         schema = self.schemas.cached(model, version, now)
         if schema is not None:
             return schema
         try:
-            endpoints = await self._endpoints(model, version)
-            if endpoints:
-                schema = await self.schemas.get(model, version, endpoints[:3], now)
-            if schema is None:
-                raise await self._missing(model, version)
+            return await self.schema(model, version)
         except RouterError as exc:
             self.failed("no_targets" if exc.code != grpc.StatusCode.UNAVAILABLE
                         or "no ready replica" in exc.message else "scorer_unavailable")
             raise
-        return schema
 
     async def _endpoints(self, model: str, version: str) -> list[str]:
         """The model's routable replicas' endpoints, best first."""

@@ -61,11 +61,10 @@ from tritonclient.grpc import service_pb2
 from meshd import tracing
 from meshd.router import http_tensors as tensors
 from meshd.router.auth import SLO_HEADER, TENANT_HEADER, ClientAuth, Unauthenticated
-from meshd.router.gateway import SCHEMA_TTL, Caller, Gateway, RouterError
+from meshd.router.gateway import Caller, Gateway, RouterError
 from meshd.router.http_tensors import BadRequest, OutputError
 from meshd.router.kserve import NO_SERVER_METHODS
 from meshd.router.traces import RequestTrace
-from meshd.router.validate import DATATYPES
 
 HEADROOM = 1 << 20
 """Bytes a request body may have beyond the gateway's payload limit (its JSON)."""
@@ -189,7 +188,6 @@ class HttpService:
         self.auth = auth
         self.shm = shm
         self.max_body = gateway.max_bytes + HEADROOM
-        self._models: dict[tuple[str, str], tuple[float, service_pb2.ModelConfig]] = {}
 
     def app(self) -> web.Application:
         """An aiohttp application serving every path (Triton's routing, its 404 included)."""
@@ -402,30 +400,11 @@ class HttpService:
                            ) -> tuple[bytes, service_pb2.ModelInferRequest, tensors.OutputPlan]:
         """Triton's raw binary request: the body is the model's one input."""
         gw = self.gateway
-        schema = await gw._schema(model, version, gw.clock())
+        schema = await gw._schema(model, version, gw.clock())  # a request: counted
         inputs = [(spec.name, spec.datatype, spec.dims) for spec in schema.inputs.values()]
         return tensors.raw_request(model, version, body, schema.max_batch_size, inputs)
 
     # --- generate -----------------------------------------------------------------------------
-
-    async def _model(self, model: str, version: str) -> service_pb2.ModelConfig:
-        """The model's config (relayed from a ready replica, cached like the gateway's)."""
-        now = self.gateway.clock()
-        hit = self._models.get((model, version))
-        if hit is not None and now - hit[0] < SCHEMA_TTL:
-            return hit[1]
-        request = service_pb2.ModelConfigRequest(name=model, version=version)
-        raw = await self.gateway.relay("ModelConfig", model, version,
-                                       request.SerializeToString(), None)
-        try:
-            config = service_pb2.ModelConfigResponse.FromString(raw).config
-        except DecodeError:
-            raise RouterError(grpc.StatusCode.INTERNAL, "the replica's model config cannot be "
-                                                        "read") from None
-        if len(self._models) > 4096:
-            self._models.clear()
-        self._models[(model, version)] = (now, config)
-        return config
 
     async def generate(self, request: web.Request, model: str, version: str, caller: Caller,
                        streaming: bool) -> web.StreamResponse:
@@ -434,10 +413,10 @@ class HttpService:
         server-sent event per response for ``generate_stream``."""
         if request.method != "POST":
             return _not_allowed(False)
-        config = await self._model(model, version)
-        batch = [-1] if config.max_batch_size > 0 else []
-        inputs = {i.name: tensors.GenerateInput(DATATYPES.get(i.data_type, "INVALID"),
-                                                (*batch, *i.dims)) for i in config.input}
+        schema = await self.gateway.schema(model, version)
+        batch = [-1] if schema.max_batch_size > 0 else []
+        inputs = {name: tensors.GenerateInput(spec.datatype, (*batch, *spec.dims))
+                  for name, spec in schema.inputs.items()}
         encoding = request.headers.get("Content-Encoding")
         if encoding is not None and encoding not in ("", "identity"):
             await _drain(request)
@@ -448,7 +427,7 @@ class HttpService:
         rt = tracer.start("router HTTP generate", caller.passed) if tracer is not None else None
         error = ""
         try:
-            if config.model_transaction_policy.decoupled:
+            if schema.decoupled:
                 return await self._generate_stream(request, raw, caller, rt, streaming)
             return await self._generate_one(request, raw, req, caller, rt, streaming)
         except RouterError as err:

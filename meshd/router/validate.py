@@ -259,6 +259,8 @@ class ModelSchema:
     max_batch_size: int
     inputs: dict[str, TensorSpec]
     outputs: frozenset[str]
+    decoupled: bool = False
+    """The model may send any number of responses per request (streams only)."""
     required: tuple[str, ...] = field(init=False)
     """Names of the inputs that are not ``optional``, in config order."""
 
@@ -279,6 +281,7 @@ class ModelSchema:
             max_batch_size=config.max_batch_size,
             inputs=inputs,
             outputs=frozenset(output.name for output in config.output),
+            decoupled=config.model_transaction_policy.decoupled,
         )
 
 
