@@ -353,7 +353,7 @@ class Agent:
                 self._router, self.router, router_where = await router_server.serve(
                     LocalScoring(self.scorer, loop.time), loop.time, s.router_addr(),
                     dev=s.dev, identity=lambda: sec.identity, tokens_file=s.router_tokens,
-                    node=s.node, verifier=sec.verifier, reuse_port=s.router_workers > 1,
+                    verifier=sec.verifier, reuse_port=s.router_workers > 1,
                     shm_dir=shm_dir)
                 self.router.tracer = request_tracer(self.tracing)
                 http_addr = s.router_http_addr()

@@ -176,11 +176,10 @@ class Gateway:
     """The router's work on Triton calls, over a scorer in this process or the agent's
     (:mod:`meshd.router.scoring`)."""
 
-    def __init__(self, scoring: Scoring, clock: Callable[[], float], *, node: str = "meshd",
+    def __init__(self, scoring: Scoring, clock: Callable[[], float], *,
                  max_bytes: int = 64 << 20) -> None:
         self.scoring = scoring
         self.clock = clock
-        self.node = node
         self.max_bytes = max_bytes
         self.upstreams = Upstreams()
         self.schemas = Schemas(self.upstreams)

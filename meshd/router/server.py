@@ -32,7 +32,7 @@ SHM_DIR = "router-shm"
 
 async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, int], *,
                 dev: bool, identity: Callable[[], object], tokens_file: str = "",
-                node: str = "meshd", reuse_port: bool = False,
+                reuse_port: bool = False,
                 verifier: PeerVerifier | None = None, shm_dir: Path | None = None
                 ) -> tuple[grpc.aio.Server, Gateway, str]:
     """The started server, the router's gateway, and the address it is bound to.
@@ -41,7 +41,7 @@ async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, i
     all of its processes (None: this process's own)."""
     tokens = load_tokens(Path(tokens_file)) if tokens_file else None
     auth = ClientAuth(dev=dev, tokens=tokens, verifier=verifier)
-    router = Gateway(scoring, clock, node=node)
+    router = Gateway(scoring, clock)
     router.shm = Regions(router, shm_dir)
     router.auth = auth
     service = KServeService(router, auth)

@@ -103,7 +103,7 @@ async def run(args: argparse.Namespace) -> int:
     server, router, where = await router_server.serve(
         scoring, loop.time, addr, dev=args.dev,
         identity=lambda: files.identity if files is not None else None,
-        tokens_file=args.tokens, node=args.node, reuse_port=True,
+        tokens_file=args.tokens, reuse_port=True,
         verifier=files.verifier if files is not None else None,
         shm_dir=Path(args.data) / router_server.SHM_DIR)
     http = None
