@@ -507,6 +507,9 @@ class Scorer:
         if d.sequence_end:
             self.sequences.end(d.sequence)
             return
+        rec = self.sequences.get(d.sequence, now)
+        if rec is not None and rec.replica == replica:
+            return  # where the record already says (the usual case)
         home = self.table.by_key.get(replica)
         if home is None:
             for node in self.fused.nodes:
