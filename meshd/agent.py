@@ -24,7 +24,6 @@ from pathlib import Path
 
 from adapters.model import CommStats, GpuState
 from adapters.triton import TritonEndpoint
-from certs import tls
 from certs.ca import CaError
 from consensus.group import WAN_TIMING, Timing
 from gossip.config import Config
@@ -358,10 +357,7 @@ class Agent:
                 self.router.tracer = request_tracer(self.tracing)
                 http_addr = s.router_http_addr()
                 if http_addr is not None:
-                    ctx = None
-                    if not s.dev:  # HTTPS: a client certificate is asked for, a token will do
-                        ctx = tls.server_context(sec.id_dir, require_client_cert=False)
-                        sec.raft_contexts.append(ctx)  # reloaded when the identity renews
+                    ctx = None if s.dev else sec.server_tls()
                     self._router_http, router_http_where = await router_server.serve_http(
                         self.router, http_addr, ssl_context=ctx,
                         reuse_port=s.router_workers > 1)

@@ -107,7 +107,8 @@ class Security:
         self._identity: Identity | None = None
         self.revocations: Revocations | None = None
         self.verifier: PeerVerifier | None = None
-        self.raft_contexts: list[ssl.SSLContext] = []
+        self.tls_contexts: list[ssl.SSLContext] = []
+        """Server and client contexts given the renewed certificate (Raft, the router's HTTPS)."""
         self.ledger = TokenLedger(data_dir / "tokens.json")
         self.keyring: Keyring | None = None
         self.authority: Authority | None = None
@@ -232,8 +233,16 @@ class Security:
         if self.stream_security is not None:
             tls.reload(self.stream_security.server, self.id_dir)
             tls.reload(self.stream_security.client, self.id_dir)
-        for ctx in self.raft_contexts:
+        for ctx in self.tls_contexts:
             tls.reload(ctx, self.id_dir)
+
+    def server_tls(self) -> ssl.SSLContext:
+        """A TLS server context presenting this node's identity that asks for a client
+        certificate without requiring one (the router's HTTPS port: a bearer token will do);
+        reloaded when the identity is renewed."""
+        ctx = tls.server_context(self.id_dir, require_client_cert=False)
+        self.tls_contexts.append(ctx)
+        return ctx
 
     def raft_tls(self, node_names: Mapping[str, str]) -> RaftTls:
         """TLS for a Raft group: node certificates only, each peer pinned to the member name
@@ -242,7 +251,7 @@ class Security:
         assert self.verifier is not None
         server = tls.server_context(self.id_dir)
         client = tls.client_context(self.id_dir)
-        self.raft_contexts += [server, client]
+        self.tls_contexts += [server, client]
         return RaftTls(server, client, mesh_authorizer(self.verifier),
                        on_refused=lambda why: self.refuse("raft", why, ""),
                        node_names=node_names)
