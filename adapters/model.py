@@ -57,6 +57,9 @@ class ReplicaState:
     failures: int = 0
     """Failed inferences in the last statistics interval."""
     at: dict[str, float] = field(default_factory=dict)
+    http: str = ""
+    """The runtime's HTTP/REST address (``host:port``) routers forward HTTP requests to, as
+    they came; empty when it serves none or it is not known (routers convert them to gRPC)."""
 
     @property
     def key(self) -> str:

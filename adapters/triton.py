@@ -10,6 +10,10 @@ Three cadences, because the figures age at different speeds:
   versions, and ModelStatistics, whose deltas give rates, mean queue/compute time and the SPU
   estimate (:mod:`adapters.triton_stats`).
 * config is fetched once per model version, and again when it is reloaded.
+* **HTTP** (with the stats poll, when ``http=`` names Triton's HTTP endpoint): a
+  ``GET /v2/health/live`` probe.  Replicas carry the advertised HTTP address only while it
+  answers, so routers forward HTTP requests there as they came rather than to a port that
+  is not serving; without it they convert HTTP requests to gRPC.
 
 All network calls have a timeout; a failure is counted by reason and never ends the loops.
 """
@@ -62,48 +66,73 @@ class EndpointError(ValueError):
     """A ``--triton`` value that cannot be used; the message says what is wrong."""
 
 
+def _hostport(addr: str, what: str) -> tuple[str, str]:
+    """``addr``'s host and port, or EndpointError saying it is not a ``HOST:PORT``."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise EndpointError(f"{addr!r}: expected HOST:PORT of {what}")
+    return host, port
+
+
 @dataclass(frozen=True, slots=True)
 class TritonEndpoint:
-    """Where a Triton server is: its gRPC address, metrics URL, and the address routers use."""
+    """Where a Triton server is: its gRPC address, metrics URL, HTTP address (optional), and
+    the addresses routers use."""
 
     grpc: str
     metrics: str
     advertise: str
+    http: str = ""
+    """Triton's HTTP/REST endpoint as this node reaches it (``host:port``); empty: none."""
+    advertise_http: str = ""
+    """The HTTP address routers use: ``http``'s port on the ``advertise`` host when that
+    names another host than ``grpc`` (the node's address, not a loopback one)."""
 
     @classmethod
     def parse(cls, spec: str) -> TritonEndpoint:
-        """``HOST:PORT[,metrics=URL][,advertise=HOST:PORT]``; metrics default to
-        ``http://HOST:8002/metrics``, Triton's default metrics port."""
+        """``HOST:PORT[,metrics=URL][,http=HOST:PORT][,advertise=HOST:PORT]``; metrics default
+        to ``http://HOST:8002/metrics``, Triton's default metrics port.  There is no default
+        HTTP endpoint: a guessed one would have routers forward to a port Triton may not
+        serve, so without ``http=`` routers convert HTTP requests to gRPC."""
         parts = [p.strip() for p in spec.split(",") if p.strip()]
         if not parts:
             raise EndpointError("empty Triton endpoint; expected HOST:PORT")
         grpc_addr = parts[0]
-        host, sep, port = grpc_addr.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise EndpointError(f"{grpc_addr!r}: expected HOST:PORT of Triton's gRPC endpoint")
+        host, _ = _hostport(grpc_addr, "Triton's gRPC endpoint")
         opts: dict[str, str] = {}
         for p in parts[1:]:
             key, eq, value = p.partition("=")
-            if not eq or key not in ("metrics", "advertise") or not value:
-                raise EndpointError(f"{p!r}: expected metrics=URL or advertise=HOST:PORT")
+            if not eq or key not in ("metrics", "http", "advertise") or not value:
+                raise EndpointError(
+                    f"{p!r}: expected metrics=URL, http=HOST:PORT or advertise=HOST:PORT")
             opts[key] = value
         metrics = opts.get("metrics", f"http://{host}:8002/metrics")
         url = urllib.parse.urlsplit(metrics)
         if url.scheme != "http" or not url.hostname:
             raise EndpointError(f"metrics={metrics!r}: expected an http:// URL")
-        return cls(grpc_addr, metrics, opts.get("advertise", grpc_addr))
+        advertise = opts.get("advertise", grpc_addr)
+        adv_host, _ = _hostport(advertise, "the address routers use (advertise=)")
+        http_addr = opts.get("http", "")
+        advertise_http = http_addr
+        if http_addr:
+            _, http_port = _hostport(http_addr, "Triton's HTTP endpoint (http=)")
+            if adv_host != host:
+                advertise_http = f"{adv_host}:{http_port}"
+        return cls(grpc_addr, metrics, advertise, http_addr, advertise_http)
 
 
 class _MetricsScraper:
-    """GET of the metrics page over one kept-alive connection, in a worker thread (stdlib
-    ``http.client``: Triton's endpoint is plain HTTP/1.1 and needs nothing more)."""
+    """GET of the metrics page (or another page: the HTTP health probe) over one kept-alive
+    connection, in a worker thread (stdlib ``http.client``: Triton's endpoints are plain
+    HTTP/1.1 and need nothing more)."""
 
-    def __init__(self, url: str, timeout: float) -> None:
+    def __init__(self, url: str, timeout: float, what: str = "metrics") -> None:
         parts = urllib.parse.urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
         self.path = parts.path or "/metrics"
         self.timeout = timeout
+        self.what = what
         self._conn: http.client.HTTPConnection | None = None
 
     def get(self) -> str:
@@ -116,7 +145,7 @@ class _MetricsScraper:
                 resp = self._conn.getresponse()
                 body = resp.read()
                 if resp.status != 200:
-                    raise OSError(f"metrics: HTTP {resp.status}")
+                    raise OSError(f"{self.what}: HTTP {resp.status}")
                 return body.decode("utf-8", "replace")
             except (http.client.HTTPException, ConnectionError):
                 self.close()  # a kept-alive connection the server closed: retry once
@@ -163,6 +192,13 @@ class TritonAdapter:
         self._failed_stats = 0
         self._rediscover = asyncio.Event()
         self._scraper = _MetricsScraper(endpoint.metrics, timeout=max(0.25, queue_interval))
+        self.http = ""
+        """The HTTP address the replicas carry: the advertised one while the probe answers."""
+        self._failed_probes = 0
+        self._probe: _MetricsScraper | None = None
+        if endpoint.http:
+            self._probe = _MetricsScraper(f"http://{endpoint.http}/v2/health/live",
+                                          timeout=max(1.0, stats_interval), what="http")
         self._client = client
         self._tasks: list[asyncio.Task[None]] = []
         self._logged: set[str] = set()
@@ -188,6 +224,8 @@ class TritonAdapter:
         if self._client is not None:
             await self._client.close()
         await asyncio.to_thread(self._scraper.close)
+        if self._probe is not None:
+            await asyncio.to_thread(self._probe.close)
 
     def observe_request(self, model: str, payload_bytes: int) -> None:
         """A router's report of a request's size: the SPU of variable-sized models uses it."""
@@ -255,6 +293,50 @@ class TritonAdapter:
             self._rediscover.clear()
 
     async def poll_stats(self) -> None:
+        """One slow-cadence poll: discovery and statistics over gRPC and, alongside (so a
+        slow HTTP port delays neither), the probe of Triton's HTTP endpoint."""
+        if self._probe is None:
+            await self._poll_grpc()
+            return
+        _, changed = await asyncio.gather(self._poll_grpc(), self.probe_http())
+        if changed:
+            self.on_update()
+
+    async def probe_http(self) -> bool:
+        """``GET /v2/health/live``: the replicas carry the advertised HTTP address from the
+        first 200 on, and none after ``DOWN_AFTER`` failures in a row (one slow answer does
+        not flap it on the wire).  Returns whether that changed."""
+        assert self._probe is not None
+        try:
+            await asyncio.to_thread(self._probe.get)
+        except (OSError, http.client.HTTPException) as exc:
+            self.errors[f"http_{type(exc).__name__}"] += 1  # counted; logged just below
+            self._failed_probes += 1
+            if self.http and self._failed_probes < DOWN_AFTER:
+                return False  # one slow answer does not flap the address on the wire
+            if self.http or self._failed_probes == 1:
+                log.warning("triton HTTP endpoint not answering; routers convert HTTP "
+                            "requests to gRPC", extra={
+                                "event": "triton_http_down", "endpoint": self.endpoint.grpc,
+                                "http": self.endpoint.http, "detail": str(exc)})
+            return self._set_http("")
+        self.polls["http"] += 1
+        self._failed_probes = 0
+        if not self.http:
+            log.info("triton HTTP endpoint answering", extra={
+                "event": "triton_http_up", "endpoint": self.endpoint.grpc,
+                "http": self.endpoint.advertise_http})
+        return self._set_http(self.endpoint.advertise_http)
+
+    def _set_http(self, addr: str) -> bool:
+        if addr == self.http:
+            return False
+        self.http = addr
+        for rep in self.replicas.values():
+            rep.http = addr
+        return True
+
+    async def _poll_grpc(self) -> None:
         timeout = max(1.0, self.stats_interval)
         try:
             index = await self._client.get_model_repository_index(client_timeout=timeout)
@@ -288,7 +370,8 @@ class TritonAdapter:
             rep = self.replicas.get(key)
             if rep is None:
                 rep = self.replicas[key] = ReplicaState(
-                    model=entry.name, version=version, endpoint=self.endpoint.advertise)
+                    model=entry.name, version=version, endpoint=self.endpoint.advertise,
+                    http=self.http)
                 self._models[key] = _Model(StatsTracker())
             model = self._models[key]
             if ready and (not rep.ready or not model.config_seen):

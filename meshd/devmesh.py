@@ -277,8 +277,9 @@ def _run(args: argparse.Namespace, per_ip: bool, workdir: Path,
         if roles[(i - 1) % len(roles)] == "router" and sys.platform.startswith("linux"):
             cmd += ["--router-workers", "2"]  # the port served by two processes
         for server in attached.get(i, []):
-            cmd += ["--triton", f"{server.grpc_url},metrics={server.metrics_url}"]
-            print(f"  {server.name} (gRPC {server.grpc_url}) -> node{i}", flush=True)
+            cmd += ["--triton", server.meshd_spec]
+            print(f"  {server.name} (gRPC {server.grpc_url}, HTTP {server.host}:"
+                  f"{server.http_port}) -> node{i}", flush=True)
         child_env = dict(env)
         if i == 1:
             cmd += ["--dev"]

@@ -418,6 +418,12 @@ class TritonServer:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     @property
+    def meshd_spec(self) -> str:
+        """The agent's ``--triton`` value for this server: its gRPC, metrics and HTTP
+        addresses (with ``http=``, replicas advertise the HTTP port to routers)."""
+        return f"{self.grpc_url},metrics={self.metrics_url},http={self.host}:{self.http_port}"
+
+    @property
     def pid(self) -> int | None:
         """The ``tritonserver`` process id while it runs."""
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None

@@ -96,7 +96,9 @@ class FusedState:
         return {log[-i] for i in range(1, behind + 1)}
 
     def observe_start(self, replica: str, now: float) -> None:
-        ob = self.observed.setdefault(replica, Observed())
+        ob = self.observed.get(replica)
+        if ob is None:
+            ob = self.observed[replica] = Observed()
         ob.inflight += 1
         ob.at = now
 
@@ -110,7 +112,9 @@ class FusedState:
     def observe_outcome(self, replica: str, latency: float, ok: bool, now: float,
                         started: bool = True) -> None:
         """A request this agent routed finished; ``started`` when it was counted in flight."""
-        ob = self.observed.setdefault(replica, Observed())
+        ob = self.observed.get(replica)
+        if ob is None:
+            ob = self.observed[replica] = Observed()
         if started and ob.inflight > 0:
             ob.inflight -= 1
         ob.outcomes += 1

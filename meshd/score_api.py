@@ -85,7 +85,7 @@ def target_pb(c: Choice) -> score_pb2.Target:
     return score_pb2.Target(node=c.node, endpoint=c.endpoint, replica=c.replica,
                             version=c.version, predicted_seconds=c.predicted,
                             rtt_seconds=c.rtt, queue_seconds=c.queue,
-                            service_seconds=c.service, zone=c.zone)
+                            service_seconds=c.service, zone=c.zone, http_endpoint=c.http)
 
 
 def score_reply(scored: Scored) -> score_pb2.ScoreReply:
@@ -109,7 +109,7 @@ def scored_of(reply: score_pb2.ScoreReply) -> Scored:
 def choice_of(t: score_pb2.Target) -> Choice:
     """The scorer's choice for a wire target (the inverse of :func:`target_pb`)."""
     return Choice(t.node, t.endpoint, t.replica, t.version, t.zone, t.predicted_seconds,
-                  t.rtt_seconds, t.queue_seconds, t.service_seconds)
+                  t.rtt_seconds, t.queue_seconds, t.service_seconds, http=t.http_endpoint)
 
 
 def outcome(msg: score_pb2.OutcomeReport, field: str = "") -> tuple[str, float, Status]:

@@ -465,8 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="coordinators: form the Raft groups once N coordinators see each other")
     a("--raft", metavar="ADDR:PORT", help="Raft address of the first group (default port 7950)")
     a("--raft-timing", choices=["lan", "wan"], help="Raft timings (default: from --profile)")
-    a("--triton", action="append", metavar="HOST:PORT[,metrics=URL][,advertise=HOST:PORT]",
-      help="a Triton server to poll (repeatable)")
+    a("--triton", action="append",
+      metavar="HOST:PORT[,metrics=URL][,http=HOST:PORT][,advertise=HOST:PORT]",
+      help="a Triton server to poll (repeatable); http= names its HTTP endpoint, which "
+           "routers then forward HTTP requests to (without it they convert them to gRPC)")
     a("--gpu", choices=["auto", "off"], help="GPU telemetry through NVML (default auto)")
     a("--queue-interval", type=float, metavar="SECONDS", help="runtime queue poll (0.1)")
     a("--stats-interval", type=float, metavar="SECONDS", help="runtime statistics poll (1.0)")

@@ -54,6 +54,8 @@ def replica_reason(a: ReplicaState, b: ReplicaState, cfg: PublishConfig) -> str 
     if (a.instances, a.max_batch, a.dynamic_batching) != (b.instances, b.max_batch,
                                                           b.dynamic_batching):
         return "config"
+    if a.http != b.http:
+        return "http"  # where routers forward HTTP requests: gone means convert to gRPC now
     for name, qa, qb in (("queue", a.queue, b.queue), ("inflight", a.inflight, b.inflight)):
         if (qa is None) != (qb is None):
             return name

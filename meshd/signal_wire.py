@@ -42,6 +42,8 @@ MAX_TRANSIT = 60.0
 """Seconds of transit credited at most (bounds what a lagging publisher clock can add)."""
 MAX_WALL_MS = 1 << 53
 AGE_GROUPS = ("ready", "queue", "stats")
+REPLICA_FIELDS = 18
+"""Fields of a replica row without its optional trailing ``http`` column (19 with it)."""
 
 
 class SignalWireError(ValueError):
@@ -70,10 +72,15 @@ def _age(now: float, at: float | None) -> int:
 
 
 def replica_row(r: ReplicaState, now: float) -> list[Any]:
-    return [r.model, r.version, r.endpoint, r.runtime, r.ready, r.queue, r.inflight,
-            r.instances, r.max_batch, r.dynamic_batching, r.rate, r.queue_seconds,
-            r.compute_seconds, r.spu, r.latency_ewma, r.latency_p95, r.failures,
-            [_age(now, r.at.get(g)) for g in AGE_GROUPS]]
+    row = [r.model, r.version, r.endpoint, r.runtime, r.ready, r.queue, r.inflight,
+           r.instances, r.max_batch, r.dynamic_batching, r.rate, r.queue_seconds,
+           r.compute_seconds, r.spu, r.latency_ewma, r.latency_p95, r.failures,
+           [_age(now, r.at.get(g)) for g in AGE_GROUPS]]
+    if r.http:
+        # Last, and only when there is one: a replica without HTTP costs no byte more, and
+        # its row is the one nodes that predate the column send and expect.
+        row.append(r.http)
+    return row
 
 
 def gpu_row(g: GpuState, now: float) -> list[Any]:
@@ -203,14 +210,22 @@ def _bool(v: Any, where: str) -> bool:
     return v
 
 
-def _rows(doc: dict[str, Any], key: str, width: int, limit: int, what: str) -> list[list[Any]]:
+def _rows(doc: dict[str, Any], key: str, width: int, limit: int, what: str,
+          optional: int = 0) -> list[list[Any]]:
+    """The rows under ``key``, each of ``width`` fields plus up to ``optional`` trailing
+    ones (columns added later, sent only when they hold something)."""
     rows = doc.get(key, [])
     if not isinstance(rows, list) or len(rows) > limit:
         raise SignalWireError(f"{what}: expected a list of at most {limit} rows")
     for i, row in enumerate(rows):
-        if not isinstance(row, list) or len(row) != width:
-            raise SignalWireError(f"{what}[{i}]: expected a row of {width} fields")
+        if not isinstance(row, list) or not width <= len(row) <= width + optional:
+            fields = f"{width}-{width + optional}" if optional else f"{width}"
+            raise SignalWireError(f"{what}[{i}]: expected a row of {fields} fields")
     return rows
+
+
+def _replica_rows(doc: dict[str, Any]) -> list[list[Any]]:
+    return _rows(doc, "r", REPLICA_FIELDS, MAX_REPLICAS, "r", optional=1)
 
 
 def _at(age: Any, where: str, received: float) -> float:
@@ -243,7 +258,8 @@ def _replica(r: list[Any], w: str, received: float) -> ReplicaState:
         compute_seconds=_num(r[12], f"{w}.compute_seconds"), spu=_num(r[13], f"{w}.spu"),
         latency_ewma=_num(r[14], f"{w}.latency_ewma"),
         latency_p95=_num(r[15], f"{w}.latency_p95"),
-        failures=_int(r[16], f"{w}.failures", 0, 2**31))
+        failures=_int(r[16], f"{w}.failures", 0, 2**31),
+        http=_text(r[18], f"{w}.http") if len(r) > REPLICA_FIELDS else "")
     for group, age in zip(AGE_GROUPS, ages, strict=True):
         at = _at(age, f"{w}.ages.{group}", received)
         if at:
@@ -308,7 +324,7 @@ def decode(raw: bytes, received: float, wall: float | None = None) -> NodeSignal
     sig = NodeSignals(epoch=_int(doc.get("e"), "e", 0, 2**32), seq=_int(doc.get("s"), "s"))
     sig.cpu_only = _text(doc.get("x", ""), "x")
     sig.replicas = [_replica(r, f"r[{i}]", received)
-                    for i, r in enumerate(_rows(doc, "r", 18, MAX_REPLICAS, "r"))]
+                    for i, r in enumerate(_replica_rows(doc))]
     sig.gpus = [_gpu(g, f"g[{i}]", received)
                 for i, g in enumerate(_rows(doc, "g", 14, MAX_GPUS, "g"))]
     sig.comm = [_comm(c, f"c[{i}]", received)
@@ -326,7 +342,7 @@ def decode_patch(raw: bytes, received: float, wall: float | None = None) -> Patc
     if patch.base >= seq:
         raise SignalWireError("b: the base must come before the patch's seq")
     patch.replicas = [_replica(r, f"r[{i}]", received)
-                      for i, r in enumerate(_rows(doc, "r", 18, MAX_REPLICAS, "r"))]
+                      for i, r in enumerate(_replica_rows(doc))]
     patch.removed = [(_text(k[0], f"rd[{i}].model", empty=False), _text(k[1], f"rd[{i}].version"),
                       _text(k[2], f"rd[{i}].endpoint", empty=False))
                      for i, k in enumerate(_rows(doc, "rd", 3, MAX_REPLICAS, "rd"))]

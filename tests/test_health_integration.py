@@ -113,7 +113,7 @@ def test_a_runtime_that_keeps_failing_quarantines_its_node(
     (server,) = triton_factory(1, models=["delay"])
     mesh = meshes(coordinators=3, plain=0, spare=1)
     c = mesh.c
-    node = c.add_node(["--triton", f"{server.grpc_url},metrics={server.metrics_url}"])
+    node = c.add_node(["--triton", server.meshd_spec])
     node.start([c.seed.gossip])
     c.wait_converged(30.0)
     apply(c, mesh.coordinators[0], json.dumps({

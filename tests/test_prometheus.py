@@ -117,8 +117,8 @@ def loaded(meshes: Callable[..., Mesh], triton_factory: Any,  # noqa: F811
     gpu = ["--role", "gpu", "--role", "trainer"]
     mesh = meshes(3, 2, start=False, extra={
         1: ["--role", "router", "--gpu", "off"], 2: ["--gpu", "off"], 3: ["--gpu", "off"],
-        4: [*gpu, "--triton", f"{a.grpc_url},metrics={a.metrics_url}"],
-        5: [*gpu, "--triton", f"{b.grpc_url},metrics={b.metrics_url}"]})
+        4: [*gpu, "--triton", a.meshd_spec],
+        5: [*gpu, "--triton", b.meshd_spec]})
     c = mesh.c
     for n in c.nodes[3:]:
         n.module = "tests.fake_gpu_agent"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshd import score_api, score_link
-from meshd.score.scorer import ScoreError, Status
+from meshd.score.scorer import Choice, ScoreError, Status
 from proto.mesh.v1 import score_pb2, score_pb2_grpc
 from tests.test_score import NOW, Mesh, rep
 
@@ -56,6 +57,38 @@ def test_score_report_admit_round_trip(mesh: Mesh) -> None:
                 assert adm.verdict.admit and adm.decision_id
                 none = await stub.ScoreTargets(score_pb2.ScoreRequest(model="zzz"))
                 assert not none.verdict.admit and none.verdict.reason == "no_targets"
+        finally:
+            await server.stop(0)
+    asyncio.run(run())
+
+
+def test_targets_carry_the_http_address_both_ways() -> None:
+    """``Choice.http`` survives the wire to a router worker; without one the target encodes
+    as it did before the field (proto3 leaves an empty string out)."""
+    c = Choice("a", "a:8001", "a:8001/m/1", "1", "z1", 0.3, 0.1, 0.1, 0.1, http="a:8000")
+    t = score_pb2.Target.FromString(score_api.target_pb(c).SerializeToString())
+    assert t.http_endpoint == "a:8000" and score_api.choice_of(t) == c
+    plain = dataclasses.replace(c, http="")
+    assert score_api.choice_of(score_api.target_pb(plain)) == plain
+    old = score_pb2.Target(node="a", endpoint="a:8001", replica="a:8001/m/1", version="1",
+                           predicted_seconds=0.3, rtt_seconds=0.1, queue_seconds=0.1,
+                           service_seconds=0.1, zone="z1")
+    assert score_api.target_pb(plain).SerializeToString() == old.SerializeToString()
+
+
+def test_a_replica_with_http_is_scored_with_its_address() -> None:
+    m = Mesh()
+    m.node("a", dataclasses.replace(rep("a:1", spu=0.001), http="a:8000"))
+    m.node("b", rep("b:1", spu=0.003))
+
+    async def run() -> None:
+        server, where, _ = await _serve(m)
+        try:
+            async with grpc.aio.insecure_channel(where) as ch:
+                reply = await score_pb2_grpc.ScoreStub(ch).ScoreTargets(
+                    score_pb2.ScoreRequest(model="m", payload_bytes=100, idempotent=True))
+            by_endpoint = {t.endpoint: score_api.choice_of(t).http for t in reply.targets}
+            assert by_endpoint == {"a:1": "a:8000", "b:1": ""}
         finally:
             await server.stop(0)
     asyncio.run(run())

@@ -157,7 +157,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
                 return [*common, "--subscribe", "*", "--role", "router",
                         "--router-workers", str(ROUTER_PROCESSES)]
             server = a if i == 2 else b
-            return [*common, "--triton", f"{server.grpc_url},metrics={server.metrics_url}"]
+            return [*common, "--triton", server.meshd_spec]
 
         c = Cluster(3, tmp_path_factory.mktemp("signal-mesh"), node_args=args)
         m = Mesh(c, a, b)
@@ -417,12 +417,22 @@ def test_n1_scores_and_routes_to_the_real_replicas(mesh: Mesh, triton_a: TritonS
     from tests.triton import add_sub_inputs
 
     n1 = mesh.cluster.node("n1")
+    # Each target carries its Triton's HTTP address (``http=`` in ``--triton``) once the
+    # agent's probe found it answering: soon after a restart of A by an earlier test.
+    want_http = {s.grpc_url: f"{s.host}:{s.http_port}" for s in (mesh.a, mesh.b)}
+    deadline = time.monotonic() + 10
     with grpc.insecure_channel(n1.score) as ch:
-        reply = score_pb2_grpc.ScoreStub(ch).ScoreTargets(
-            score_pb2.ScoreRequest(model="delay", payload_bytes=64), timeout=5)
+        while True:
+            reply = score_pb2_grpc.ScoreStub(ch).ScoreTargets(
+                score_pb2.ScoreRequest(model="delay", payload_bytes=64), timeout=5)
+            got_http = {t.endpoint: t.http_endpoint for t in reply.targets}
+            if got_http == want_http or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     assert reply.verdict.admit, reply
     assert {t.endpoint for t in reply.targets} == {mesh.a.grpc_url, mesh.b.grpc_url}
     assert all(t.predicted_seconds > 0 for t in reply.targets)
+    assert got_http == want_http
     creds = mesh.cluster.admin_creds
 
     def connect() -> tc.InferenceServerClient:  # a TCP connection of its own

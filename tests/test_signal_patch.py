@@ -92,6 +92,8 @@ def test_a_patch_applies_to_copies_from_its_base_up_to_before_its_seq(held: int,
     ({"e": 1, "b": 1, "s": 5, "gd": [7]}, "gd[0]"),
     ({"e": 1, "b": 1, "s": 5, "x": 3}, "x"),
     ({"e": 1, "b": 1, "s": 5, "r": [[1] * 18]}, "r[0].ages"),
+    ({"e": 1, "b": 1, "s": 5, "r": [[1] * 17]}, "r[0]"),
+    ({"e": 1, "b": 1, "s": 5, "r": [[1] * 20]}, "r[0]"),
 ])
 def test_malformed_patches_name_the_field(doc: dict[str, object], field: str) -> None:
     with pytest.raises(SignalWireError, match="^" + re.escape(field)):
@@ -136,6 +138,24 @@ def test_first_publication_has_no_patch_then_only_material_rows_go() -> None:
     assert raw is not None and len(raw) <= 700
     patch = decode_patch(raw, 0.0)
     assert patch.base == 1 and sorted(r.model for r in patch.replicas) == ["model-07", "model-09"]
+
+
+def test_the_http_address_goes_in_a_patch_when_it_comes_and_goes() -> None:
+    """Found or lost by the adapter's probe: routers forward HTTP requests there, or convert
+    them to gRPC again, without waiting for push-pull."""
+    t = PatchTracker(CFG)
+    reps = fleet(40)
+    held = sig(1, reps)
+    t.publish(held, 100.0, None)
+    reps[4].http = "10.0.0.1:8000"
+    patch = decode_patch(t.publish(sig(2, reps), 100.5, None), 0.0)  # type: ignore[arg-type]
+    assert [(r.model, r.http) for r in patch.replicas] == [("model-04", "10.0.0.1:8000")]
+    held = patch.apply(held)
+    assert keyed(held)[reps[4].key].http == "10.0.0.1:8000"
+    reps[4].http = ""
+    patch = decode_patch(t.publish(sig(3, reps), 101.0, None), 0.0)  # type: ignore[arg-type]
+    assert [(r.model, r.http) for r in patch.replicas] == [("model-04", "")]
+    assert keyed(patch.apply(held))[reps[4].key].http == ""
 
 
 def test_patches_are_cumulative_and_carry_a_row_that_went_back() -> None:

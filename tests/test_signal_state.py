@@ -11,16 +11,24 @@ from hypothesis import strategies as st
 from adapters.model import CommStats, GpuState, MigProfile, ReplicaState
 from meshd.fused import FusedState
 from meshd.signal_publish import PublishConfig, PublishGate, material
-from meshd.signal_wire import MAX_TRANSIT, NodeSignals, SignalWireError, decode, encode
+from meshd.signal_wire import (
+    MAX_TRANSIT,
+    NodeSignals,
+    SignalWireError,
+    decode,
+    encode,
+    pack,
+    replica_row,
+)
 
 
 def replica(model: str = "m", queue: int | None = 3, ready: bool = True, spu: float = 0.002,
-            at: float = 99.5) -> ReplicaState:
+            at: float = 99.5, http: str = "") -> ReplicaState:
     return ReplicaState(model=model, version="1", endpoint="10.0.0.1:8001", ready=ready,
                         queue=queue, instances=2, max_batch=8, dynamic_batching=True,
                         rate=120.0, queue_seconds=0.001, compute_seconds=0.004, spu=spu,
                         latency_ewma=0.005, failures=0,
-                        at={"ready": at - 1, "queue": at, "stats": at - 0.5})
+                        at={"ready": at - 1, "queue": at, "stats": at - 0.5}, http=http)
 
 
 def gpu(free: int = 10 << 30, ecc: int = 0, throttle: tuple[str, ...] = ()) -> GpuState:
@@ -53,6 +61,30 @@ def test_round_trip_keeps_values_and_turns_ages_into_local_times() -> None:
     assert back.comm[0].peers == ("a", "b") and back.comm[0].at == pytest.approx(498.0)
 
 
+def test_the_http_address_rides_as_an_optional_last_column() -> None:
+    sig = signals(replica(http="10.0.0.1:8000"), replica("n"))
+    doc = msgpack.unpackb(encode(sig, now=100.0), raw=False)
+    assert len(doc["r"][0]) == 19 and doc["r"][0][18] == "10.0.0.1:8000"
+    assert len(doc["r"][1]) == 18  # without one, the row nodes before the column send
+    back = decode(encode(sig, now=100.0), received=500.0)
+    assert [r.http for r in back.replicas] == ["10.0.0.1:8000", ""]
+    assert back.replicas[0].ready and back.replicas[0].at["queue"] == pytest.approx(499.5)
+
+
+def test_a_node_without_http_encodes_the_rows_it_did_before() -> None:
+    """Byte for byte the row of nodes that predate the column: they decode it, and it costs
+    the gossip budget nothing."""
+    r = replica()
+    old_row = [r.model, r.version, r.endpoint, r.runtime, r.ready, r.queue, r.inflight,
+               r.instances, r.max_batch, r.dynamic_batching, r.rate, r.queue_seconds,
+               r.compute_seconds, r.spu, r.latency_ewma, r.latency_p95, r.failures,
+               [1500, 500, 1000]]  # ages: ready, queue, stats
+    assert pack(replica_row(r, now=100.0)) == pack(old_row)
+    old = msgpack.packb({"e": 7, "s": 1, "r": [old_row], "g": [], "c": []},
+                        use_bin_type=True, use_single_float=True)
+    assert decode(old, received=100.0).replicas[0].http == ""
+
+
 @pytest.mark.parametrize("sent, received, expect", [
     (1000.0, 1002.5, 2.5),  # 2.5 s in transit (gossip rounds, push-pull): ages grow by it
     (1000.0, 999.0, 0.0),   # publisher's clock ahead: never younger than at encoding
@@ -74,6 +106,9 @@ def test_without_wall_clocks_ages_are_taken_as_encoded() -> None:
 def test_a_few_replicas_and_a_gpu_fit_a_gossip_broadcast() -> None:
     sig = signals(*(replica(f"model-{i}") for i in range(4)), gpus=(gpu(),))
     assert len(encode(sig, 100.0)) < 700
+    sig = signals(*(replica(f"model-{i}", http="10.0.0.1:8000") for i in range(4)),
+                  gpus=(gpu(),))
+    assert len(encode(sig, 100.0)) < 700
 
 
 @pytest.mark.parametrize("mutate, field", [
@@ -83,6 +118,9 @@ def test_a_few_replicas_and_a_gpu_fit_a_gossip_broadcast() -> None:
     (lambda d: d["r"][0].__setitem__(4, 1), "r[0].ready"),
     (lambda d: d["r"][0].__setitem__(7, 0), "r[0].instances"),
     (lambda d: d["r"][0].pop(), "r[0]"),
+    (lambda d: d["r"][0].extend(["10.0.0.1:8000", "x"]), "r[0]"),  # 20 fields
+    (lambda d: d["r"][0].append(8000), "r[0].http"),
+    (lambda d: d["r"][0].append("h" * 257), "r[0].http"),
     (lambda d: d["g"][0].__setitem__(4, 50 << 30), "g[0].memory_free"),
     (lambda d: d["g"][0].__setitem__(5, 101.0), "g[0].sm_util"),
     (lambda d: d.__setitem__("s", -1), "s"),
@@ -135,6 +173,8 @@ def test_material_changes() -> None:
     assert material(base, signals(replica(queue=10, spu=0.003), gpus=(gpu(),)), cfg) == "spu"
     assert material(base, signals(replica(queue=10), replica("x"), gpus=(gpu(),)),
                     cfg) == "replicas"
+    assert material(base, signals(replica(queue=10, http="10.0.0.1:8000"), gpus=(gpu(),)),
+                    cfg) == "http"  # routers forward HTTP there (or stop, when it goes)
     assert material(base, signals(replica(queue=10), gpus=(gpu(free=1 << 30),)),
                     cfg) == "gpu_memory"
     assert material(base, signals(replica(queue=10), gpus=(gpu(ecc=1),)), cfg) == "gpu_health"

@@ -126,7 +126,7 @@ def test_a_request_is_one_trace_from_client_to_triton_and_a_job_is_traced(
            "200", "OTEL_SERVICE_NAME": "meshd-test"}
     mesh = meshes(1, 0, extra={1: [
         "--role", "router", "--router-workers", "2", "--role", "trainer", "--gpu", "off",
-        "--triton", f"{server.grpc_url},metrics={server.metrics_url}"]},
+        "--triton", server.meshd_spec]},
         node_env=lambda i: env)
     n1 = mesh.c.seed
     creds = mesh.c.admin_creds

@@ -1,22 +1,32 @@
 """The Triton adapter against real Triton servers: discovery and config, queue depth rising
 under load and falling after, statistics turning into rates and SPU, a killed server marked
-not ready within two polls and recovered, model load/unload seen."""
+not ready within two polls and recovered, model load/unload seen, the HTTP address advertised
+only while Triton's HTTP endpoint answers."""
 
 from __future__ import annotations
 
 import asyncio
+import http.server
+import logging
+import socket
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from adapters.triton import TritonAdapter, TritonEndpoint
+from adapters.model import ReplicaState
+from adapters.triton import EndpointError, TritonAdapter, TritonEndpoint
 from meshd.devtriton import TritonServer
 from tests.triton import TritonFactory, delay_inputs
 
 
 def endpoint(server: TritonServer) -> TritonEndpoint:
-    return TritonEndpoint.parse(f"{server.grpc_url},metrics={server.metrics_url}")
+    return TritonEndpoint.parse(server.meshd_spec)
+
+
+def http_addr(server: TritonServer) -> str:
+    return f"{server.host}:{server.http_port}"
 
 
 async def until(check: Callable[[], bool], timeout: float, what: str) -> float:
@@ -47,6 +57,8 @@ def test_discovery_queue_and_statistics(triton_server: TritonServer) -> None:
             assert add_sub.ready and add_sub.max_batch == 8 and add_sub.dynamic_batching
             assert delay.instances == 1 and delay.endpoint == triton_server.grpc_url
             await until(lambda: delay.queue == 0, 5, "the first queue poll")
+            await until(lambda: delay.http == add_sub.http == http_addr(triton_server), 5,
+                        "the HTTP endpoint probed")
 
             # Stall the model and pile up requests: the queue figure rises.
             triton_server.set_behaviour("delay", stall=True)
@@ -100,10 +112,17 @@ def test_killed_server_is_not_ready_within_two_polls_and_recovers(
             assert any(k.startswith("metrics_") for k in adapter.errors)
             assert updates and updates[-1] >= killed
 
+            # The HTTP probe runs at the statistics cadence: two failures clear the address.
+            await until(lambda: all(r.http == "" for r in adapter.replicas.values()), 5,
+                        "the HTTP address withdrawn")
+
             server.restart()
             back = await until(lambda: adapter.up and all(
                 r.ready for r in adapter.replicas.values()), 20, "replicas ready again")
             print(f"ready again {back:.3f} s after the restart")
+            await until(lambda: all(r.http == http_addr(server)
+                                    for r in adapter.replicas.values()), 5,
+                        "the HTTP address advertised again")
         finally:
             await adapter.close()
 
@@ -161,13 +180,133 @@ def test_model_load_and_unload_are_seen(triton_factory: TritonFactory) -> None:
     run(body)
 
 
+def test_a_closed_http_port_is_not_advertised(triton_server: TritonServer) -> None:
+    """``http=`` naming a port Triton does not serve: the replicas carry no HTTP address (so
+    routers convert HTTP requests to gRPC), and the failure is logged once, not per poll."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]  # nothing listens once the socket is closed
+
+    async def body() -> None:
+        ep = TritonEndpoint.parse(f"{triton_server.grpc_url},metrics={triton_server.metrics_url}"
+                                  f",http=127.0.0.1:{closed}")
+        adapter = TritonAdapter(ep, queue_interval=0.1, stats_interval=0.1)
+        await adapter.start()
+        try:
+            await until(lambda: ("add_sub", "1") in adapter.replicas
+                        and adapter.replicas[("add_sub", "1")].ready, 10, "add_sub discovered")
+            await until(lambda: adapter.errors["http_ConnectionRefusedError"] >= 3, 5,
+                        "three failed probes")
+            assert all(r.http == "" for r in adapter.replicas.values())
+            assert adapter.up and adapter.polls["http"] == 0
+        finally:
+            await adapter.close()
+
+    run(body)
+
+
+# --- the HTTP probe, against a stand-in health endpoint (no Triton needed) ----------------
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        code = self.status if self.path == "/v2/health/live" else 404
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture
+def health() -> Iterator[http.server.ThreadingHTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Health,), {}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_the_http_address_follows_the_probe_without_flapping(
+        health: http.server.ThreadingHTTPServer, caplog: pytest.LogCaptureFixture) -> None:
+    port = health.server_address[1]
+    ep = TritonEndpoint.parse(f"127.0.0.1:1,http=127.0.0.1:{port},advertise=10.0.0.5:8001")
+    handler: type[_Health] = health.RequestHandlerClass  # type: ignore[assignment]
+
+    async def body() -> None:
+        updates: list[float] = []
+        adapter = TritonAdapter(ep, on_update=lambda: updates.append(0.0))
+        rep = adapter.replicas[("m", "1")] = ReplicaState("m", "1", ep.advertise)
+        try:
+            assert await adapter.probe_http() and rep.http == f"10.0.0.5:{port}"
+            assert adapter.http == rep.http and adapter.polls["http"] == 1
+            assert not await adapter.probe_http()  # unchanged: nothing to publish
+            handler.status = 503
+            assert not await adapter.probe_http() and rep.http  # one failure: kept
+            assert await adapter.probe_http() and rep.http == ""  # two in a row: withdrawn
+            assert not await adapter.probe_http() and rep.http == ""
+            handler.status = 200
+            assert await adapter.probe_http() and rep.http == f"10.0.0.5:{port}"
+        finally:
+            await adapter.close()
+
+    with caplog.at_level(logging.INFO, logger="meshd.adapters.triton"):
+        run(body)
+    events = [getattr(r, "event", "") for r in caplog.records]
+    assert events == ["triton_http_up", "triton_http_down", "triton_http_up"], events
+
+
+def test_new_replicas_get_the_http_address_found_so_far() -> None:
+    """A model discovered after the probe answered carries the address from its first
+    publication, not from the next probe that changes something."""
+    ep = TritonEndpoint.parse("127.0.0.1:1,http=127.0.0.1:8000")
+
+    class Entry:
+        name, version, state = "m", "1", "READY"
+
+    class Index:
+        models = [Entry()]
+
+    class Client:
+        async def is_model_ready(self, *_: object, **__: object) -> bool:
+            return False  # no config to read: discovery alone
+
+    adapter = TritonAdapter(ep, client=Client())
+    adapter.http = ep.advertise_http  # as a successful probe leaves it
+    asyncio.run(adapter._discover(Index(), 1.0))
+    assert adapter.replicas[("m", "1")].http == "127.0.0.1:8000"
+
+
 @pytest.mark.parametrize("spec, why", [
     ("", "empty"), ("localhost", "HOST:PORT"), ("h:0", "HOST:PORT"),
     ("h:1,metrics=ftp://x", "http://"), ("h:1,colour=red", "metrics=URL"),
+    ("h:1,http=localhost", "HTTP endpoint"), ("h:1,http=h:65536", "HTTP endpoint"),
+    ("h:1,http=h:x", "HTTP endpoint"), ("h:1,http=", "http=HOST:PORT"),
+    ("h:1,advertise=h", "advertise="),
 ])
 def test_endpoint_specs_are_checked(spec: str, why: str) -> None:
-    from adapters.triton import EndpointError
     with pytest.raises(EndpointError, match=why):
         TritonEndpoint.parse(spec)
     ep = TritonEndpoint.parse("10.0.0.1:8001")
     assert ep.metrics == "http://10.0.0.1:8002/metrics" and ep.advertise == "10.0.0.1:8001"
+    assert ep.http == ep.advertise_http == ""  # no guessed port 8000: routers use gRPC
+
+
+@pytest.mark.parametrize("spec, http, advertised", [
+    ("10.0.0.1:8001,http=10.0.0.1:8000", "10.0.0.1:8000", "10.0.0.1:8000"),
+    # Triton reached on loopback, the node advertised: the HTTP port on the node's address.
+    ("127.0.0.1:8001,http=127.0.0.1:8000,advertise=10.0.0.5:9001", "127.0.0.1:8000",
+     "10.0.0.5:8000"),
+    ("10.0.0.1:8001,advertise=10.0.0.1:9001,http=10.0.0.1:8000", "10.0.0.1:8000",
+     "10.0.0.1:8000"),
+    ("[::1]:8001,http=[::1]:8000,advertise=[fd00::5]:8001", "[::1]:8000", "[fd00::5]:8000"),
+])
+def test_the_http_endpoint_and_its_advertised_address(spec: str, http: str,
+                                                      advertised: str) -> None:
+    ep = TritonEndpoint.parse(spec)
+    assert (ep.http, ep.advertise_http) == (http, advertised)

@@ -263,10 +263,16 @@ class ModelSchema:
     """The model may send any number of responses per request (streams only)."""
     required: tuple[str, ...] = field(init=False)
     """Names of the inputs that are not ``optional``, in config order."""
+    data_free: bool = field(init=False)
+    """Whether a request's validity never depends on its tensor bytes, only on their
+    lengths: no input whose bytes are checked (``BYTES``, whose strings carry their own
+    lengths).  Only such models' requests are recognised (:mod:`meshd.router.known`)."""
 
     def __post_init__(self) -> None:
         required = tuple(name for name, spec in self.inputs.items() if not spec.optional)
         object.__setattr__(self, "required", required)
+        object.__setattr__(self, "data_free", all(
+            spec.element_size or not spec.check_size for spec in self.inputs.values()))
 
     @classmethod
     def from_config(cls, config: model_config_pb2.ModelConfig) -> ModelSchema:

@@ -53,6 +53,9 @@ class Decisions:
         self._heap: list[tuple[float, int]] = []
         self._next = 1
         self.expired = 0
+        self.due = float("inf")
+        """When the earliest decision expires (or an entry of a closed one goes): until then
+        :meth:`sweep` has nothing to do, and the hot path need not call it."""
 
     def __len__(self) -> int:
         return len(self._open)
@@ -64,9 +67,20 @@ class Decisions:
 
     def add(self, d: Decision) -> None:
         self._open[d.id] = d
-        heapq.heappush(self._heap, (d.expires, d.id))
+        heap = self._heap
+        heapq.heappush(heap, (d.expires, d.id))
+        if d.expires < self.due:
+            self.due = d.expires
         if len(self._open) > self.max_open:
             self._expire_oldest()
+        elif len(heap) > 2 * len(self._open) + 1024:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Closed decisions leave their heap entries behind; drop them when they dominate."""
+        self._heap = [(d.expires, d.id) for d in self._open.values()]
+        heapq.heapify(self._heap)
+        self.due = self._heap[0][0] if self._heap else float("inf")
 
     def get(self, decision_id: int) -> Decision | None:
         return self._open.get(decision_id)
@@ -83,10 +97,10 @@ class Decisions:
             if d is not None:
                 self.expired += 1
                 self.on_expire(d)
-        # Closed decisions leave their heap entries behind; drop them when they dominate.
-        if len(heap) > 2 * len(self._open) + 1024:
-            self._heap = [(d.expires, d.id) for d in self._open.values()]
-            heapq.heapify(self._heap)
+        if len(self._heap) > 2 * len(self._open) + 1024:
+            self._compact()
+        else:
+            self.due = self._heap[0][0] if self._heap else float("inf")
 
     def _expire_oldest(self) -> None:
         while len(self._open) > self.max_open and self._heap:
@@ -95,3 +109,4 @@ class Decisions:
             if d is not None:
                 self.expired += 1
                 self.on_expire(d)
+        self.due = self._heap[0][0] if self._heap else float("inf")

@@ -80,6 +80,8 @@ class Status(enum.IntEnum):
     OVERLOADED = 5
 
 
+_STATUS_NAMES = tuple(s.name for s in Status)
+"""``Status(i).name`` by value (an enum's ``name`` is a property, slow on the hot path)."""
 DROPPED = frozenset({Status.UNAVAILABLE, Status.TIMEOUT, Status.OVERLOADED})
 """Outcomes that mean the target could not take the request: its limit backs off."""
 
@@ -116,6 +118,9 @@ class Choice:
     rtt: float
     queue: float
     service: float
+    http: str = ""
+    """The runtime's HTTP/REST address (``host:port``), when it serves one: where the
+    router's HTTP ingress forwards requests as they came (empty: converted to gRPC)."""
 
 
 @dataclass(slots=True)
@@ -182,6 +187,10 @@ class ModelState:
     ratio: float
 
 
+_INF = float("inf")
+_SHARES = tuple(priority_share(p) for p in range(10))
+"""``priority_share`` by priority 0..9."""
+
 OVERFLOW_FACTOR = 1.25
 """A request goes past a full target only to one predicted to take at most this many times
 as long as the best."""
@@ -224,7 +233,7 @@ def _key_of(t: Target) -> str:
 
 def _choice(t: Target) -> Choice:
     return Choice(t.node, t.endpoint, t.key, t.version, t.zone, t.p_seconds, t.rtt,
-                  t.p_queue, t.p_service)
+                  t.p_queue, t.p_service, t.http)
 
 
 class Scorer:
@@ -390,16 +399,20 @@ class Scorer:
         stats.record(picks[0] is not active[0], picks[0].p_seconds - active[0].p_seconds)
 
     def score(self, req: ScoreRequest, now: float) -> Scored:
-        self.decisions.sweep(now)
-        self.sequences.sweep(now)
-        if not req.model or len(req.model) > MAX_TEXT:
+        if now >= self.decisions.due:
+            self.decisions.sweep(now)
+        if self.sequences:
+            self.sequences.sweep(now)
+        model = req.model
+        if not model or len(model) > MAX_TEXT:
             raise ScoreError("model", f"must be 1-{MAX_TEXT} characters")
-        slo = self._slo(req.slo_class)
-        deadline = req.deadline if req.deadline > 0 else (
-            slo["deadline_ms"] / 1000 if slo else None)
-        if req.deadline < 0 or not math.isfinite(req.deadline):
+        slo = self._slo(req.slo_class) if req.slo_class else None
+        deadline: float | None = req.deadline
+        if not 0.0 <= req.deadline < _INF:  # NaN fails too
             raise ScoreError("deadline", "must be a finite number of seconds >= 0")
-        routing = self.routing(req.model)
+        if not deadline:
+            deadline = slo["deadline_ms"] / 1000 if slo else None
+        routing = self.routing(model)
         if req.sequence:
             return self._score_sequence(req, slo, deadline, routing, now)
         targets, degraded = self.candidates(req, routing, now)
@@ -409,12 +422,15 @@ class Scorer:
             return Scored([], Verdict(False, "no_targets", self.config.retry_after_bounds[1]))
         if degraded:
             counters.degraded += 1
-        ctx = Context(req.model, work_units(req.payload_bytes), routing.max_targets, self.zone,
+        ctx = Context(model, work_units(req.payload_bytes), routing.max_targets, self.zone,
                       routing, self.rng, 0.0)
-        ranked, used = self.rank(targets, ctx)
+        if len(targets) == 1:
+            ranked, used = targets, routing.strategy  # nothing to rank
+        else:
+            ranked, used = self.rank(targets, ctx)
         counters.decisions[used] += 1
         if routing.shadow is not None:
-            self._shadow(req.model, ranked, targets, ctx)
+            self._shadow(model, ranked, targets, ctx)
         tenant = self.tenants.state(req.tenant, now)
         priority = slo["shed_priority"] if slo else tenant.priority
         verdict, first = self._admit_targets(req, ranked, targets, tenant, priority, deadline,
@@ -541,20 +557,18 @@ class Scorer:
                        routing: RoutingConfig, now: float) -> tuple[Verdict, Target | None]:
         """Admission for a scored request; on success ``ranked[0]`` is the target whose slot
         was taken (moved to the front if a better-ranked one was full)."""
-        lo, hi = self.config.retry_after_bounds
-        drain = min(t.p_queue for t in ranked)
-        retry = min(hi, max(lo, drain))
         if deadline is not None and min(t.p_seconds for t in ranked) > deadline:
-            return Verdict(False, "deadline", retry), None
+            return Verdict(False, "deadline", self._drain(ranked)), None
         v = self.tenants.check(tenant, now)
         if not v.admit:
+            lo, hi = self.config.retry_after_bounds
             return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), None
-        share = priority_share(priority)
+        share = _SHARES[priority] if 0 <= priority <= 9 else priority_share(priority)
         ms = self._model(req.model, routing)
         capacity = _capacity(targets, share, ms.gate.inflight, self.limiter.min_limit)
         if not ms.gate.try_acquire(capacity, routing.max_concurrency):
             self.tenants.release(tenant)
-            return Verdict(False, "model_limit", retry), None
+            return Verdict(False, "model_limit", self._drain(ranked)), None
         # The best target with room, among those predicted to be nearly as quick as the best:
         # a full fast replica must not overflow onto one predicted to take many times longer
         # (bench/routing: the 5x replica's queue, filled that way, set the p99).  Failing
@@ -571,7 +585,12 @@ class Scorer:
                 return ADMIT, self._sent(ranked, i, now)
         ms.gate.release()
         self.tenants.release(tenant)
-        return Verdict(False, "target_limit", retry), None
+        return Verdict(False, "target_limit", self._drain(ranked)), None
+
+    def _drain(self, ranked: list[Target]) -> float:
+        """Retry-after for a refused request: the shortest predicted queue, within bounds."""
+        lo, hi = self.config.retry_after_bounds
+        return min(hi, max(lo, min(t.p_queue for t in ranked)))
 
     def admit(self, model: str, now: float, *, revision: str = "", payload_bytes: int = 0,
               tenant: str = "", slo_class: str = "") -> tuple[Verdict, int]:
@@ -619,7 +638,7 @@ class Scorer:
         if not math.isfinite(latency) or latency < 0:
             latency = math.nan
         counters = self.counters
-        counters.outcomes[status.name] += 1
+        counters.outcomes[_STATUS_NAMES[status]] += 1
         d = self.decisions.get(decision_id)
         stats = self.table.stats.get(replica) if replica else None
         if stats is not None:

@@ -163,6 +163,8 @@ class Target:
     gpu_headroom: float | None
     """The smallest free share of GPU memory on the target's node; None without GPUs."""
     stats: TargetStats
+    http: str = ""
+    """The runtime's HTTP/REST address, when it serves one (``ReplicaState.http``)."""
     p_backlog: int = 0
     p_queue: float = 0.0
     p_service: float = 0.0
@@ -422,7 +424,7 @@ class TargetTable:
                       spu=spu or 0.0, spu_known=spu is not None,
                       instances=max(1, rep.instances), backlog=backlog,
                       queue_at=rep.at.get("queue", 0.0), gpu_headroom=_headroom(sig),
-                      stats=self.stats_for(rep.key))
+                      stats=self.stats_for(rep.key), http=getattr(rep, "http", ""))
 
     def _pinned_here(self, rep: ReplicaState, node: str, sig: NodeSignals) -> bool:
         pin = self.pin_of(rep.model, rep.version)

@@ -49,7 +49,7 @@ class ScoreRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., revision: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., tenant: _Optional[str] = ..., slo_class: _Optional[str] = ..., deadline_seconds: _Optional[float] = ..., exclude: _Optional[_Iterable[str]] = ..., idempotent: _Optional[bool] = ..., sequence: _Optional[str] = ..., sequence_start: _Optional[bool] = ..., sequence_end: _Optional[bool] = ...) -> None: ...
 
 class Target(_message.Message):
-    __slots__ = ("node", "endpoint", "replica", "version", "predicted_seconds", "rtt_seconds", "queue_seconds", "service_seconds", "zone")
+    __slots__ = ("node", "endpoint", "replica", "version", "predicted_seconds", "rtt_seconds", "queue_seconds", "service_seconds", "zone", "http_endpoint")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class Target(_message.Message):
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SERVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     node: str
     endpoint: str
     replica: str
@@ -68,7 +69,8 @@ class Target(_message.Message):
     queue_seconds: float
     service_seconds: float
     zone: str
-    def __init__(self, node: _Optional[str] = ..., endpoint: _Optional[str] = ..., replica: _Optional[str] = ..., version: _Optional[str] = ..., predicted_seconds: _Optional[float] = ..., rtt_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., service_seconds: _Optional[float] = ..., zone: _Optional[str] = ...) -> None: ...
+    http_endpoint: str
+    def __init__(self, node: _Optional[str] = ..., endpoint: _Optional[str] = ..., replica: _Optional[str] = ..., version: _Optional[str] = ..., predicted_seconds: _Optional[float] = ..., rtt_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., service_seconds: _Optional[float] = ..., zone: _Optional[str] = ..., http_endpoint: _Optional[str] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("admit", "reason", "retry_after_seconds")
