@@ -38,7 +38,9 @@ over HTTP (tritonclient's default: binary inputs, ``binary_data_output``):
   ``/usr/sbin/nginx`` (``apt-get install nginx-light``);
 * ``router``: tritonclient -> the meshd router (a child process, both protocols on separate
   ports): a ``FusedState`` listing the Triton gRPC endpoint as a ready replica of ``add_sub`` on
-  one node (its ``at`` times refreshed every 0.5 s, as ``tests/test_router.py``'s
+  one node, with Triton's HTTP address advertised as the adapter does with ``--triton
+  ...,http=HOST:PORT`` (so the HTTP ingress forwards requests to Triton's HTTP port as they
+  came, ``meshd.router.http_dispatch``) (its ``at`` times refreshed every 0.5 s, as ``tests/test_router.py``'s
   RouterHarness does), a ``Scorer`` over it (default policy: ``hybrid``; its adaptive
   concurrency limit's floor raised from 2 to 32, else concurrency 16 against the one replica
   sheds once the load raises its latency - the limiter still runs on every request),
@@ -220,7 +222,7 @@ async def _child(kind: str, spec: dict[str, Any]) -> int:
         closers.append(cleanup)
     else:
         server, addr, counters, close, breakdown, http = await _router(
-            upstream, bool(spec.get("http")))
+            upstream, bool(spec.get("http")), spec.get("http_upstream", ""))
         first.update(http)
         first["worker_addr"], first["worker_pid"], stop_worker = await _worker(
             breakdown.scorer)
@@ -445,6 +447,8 @@ class Breakdown:
         self._patch(ClientAuth, "tenant", "auth.tenant", False)
         self._patch(r.schemas, "cached", "schemas.cached", True)
         self._patch(gateway, "validate", "validate", False)
+        self._patch(r, "recognise", "gateway.recognise (known requests)", True)
+        self._patch(r.known, "get", "known.get", True)
         with contextlib.suppress(ImportError):  # the HTTP ingress's tensor conversion
             from meshd.router import http_tensors
 
@@ -478,7 +482,7 @@ class Breakdown:
         return {"steps": {k: {"calls": int(v[0]), "cpu_s": v[1]} for k, v in self.acc.items()}}
 
 
-async def _router(upstream: str, http: bool = False
+async def _router(upstream: str, http: bool = False, http_upstream: str = ""
                   ) -> tuple[Any, str, Callable[[], dict[str, Any]],
                              Callable[[], Awaitable[None]], Breakdown, dict[str, str]]:
     """The meshd router over a fused view listing ``upstream`` as a ready ``add_sub``; with
@@ -506,7 +510,8 @@ async def _router(upstream: str, http: bool = False
         now = loop.time()
         seq[0] += 1
         rep = ReplicaState(model=MODEL, version="1", endpoint=upstream, ready=True, queue=0,
-                           spu=0.002, at={"ready": now, "queue": now, "stats": now})
+                           spu=0.002, at={"ready": now, "queue": now, "stats": now},
+                           http=http_upstream)
         fused.update("node-0", NodeSignals(1, seq[0], [rep]), "gossip", now)
 
     async def feed() -> None:
@@ -1444,7 +1449,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{triton.http_url} (HTTP)")
         for kind, spec in (("proxy", {"upstream": triton.grpc_url}),
                            ("httpproxy", {"upstream": triton.http_url}),
-                           ("router", {"upstream": triton.grpc_url, "http": True})):
+                           ("router", {"upstream": triton.grpc_url, "http": True,
+                                       "http_upstream": triton.http_url.removeprefix(
+                                           "http://")})):
             children[kind] = Child(kind, spec, workdir / f"{kind}.log")
             log(f"{kind} (pid {children[kind].pid}) on {children[kind].addr}"
                 + (f" (gRPC), {children[kind].info['http_addr']} (HTTP)"

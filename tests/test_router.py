@@ -44,8 +44,13 @@ class RouterHarness:
 
     def __init__(self, servers: list[TritonServer], *, limiter: LimiterConfig | None = None,
                  tokens_file: str = "", models: tuple[str, ...] = MODELS,
-                 spu: tuple[float, ...] = ()) -> None:
+                 spu: tuple[float, ...] = (), http: bool = False) -> None:
         self.servers = servers
+        self.http = http
+        """Replicas advertise their Triton's HTTP address (the adapter's ``http=``): the
+        HTTP ingress forwards to it instead of converting to gRPC."""
+        self.http_addrs: dict[int, str] = {}
+        """Advertised HTTP addresses other than the servers' own, by server index."""
         self.models = models
         self.spu = spu
         """Seconds per work unit each server reports (default 2 ms each)."""
@@ -81,8 +86,10 @@ class RouterHarness:
             for i, server in enumerate(self.servers):
                 self.seq += 1
                 spu = self.spu[i] if i < len(self.spu) else 0.002
+                http = self.http_addrs.get(i, server.http_url.removeprefix("http://")) \
+                    if self.http else ""
                 reps = [ReplicaState(model=m, version="1", endpoint=server.grpc_url,
-                                     ready=True, queue=0, spu=spu,
+                                     ready=True, queue=0, spu=spu, http=http,
                                      at={"ready": now, "queue": now, "stats": now})
                         for m in self.models]
                 self.fused.update(self.node_of(server), NodeSignals(1, self.seq, reps),

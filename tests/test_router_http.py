@@ -4,7 +4,9 @@ headers that matter, the JSON (or binary) body, the error message - whether it i
 tritonclient.http, tritonclient.http.aio or a plain HTTP request (as curl would make it).
 
 The router runs in-process (``tests.test_router.RouterHarness``, its gRPC ingress and gateway)
-with ``serve_http`` on its loop; it reaches Triton over gRPC only.  Where the router answers
+with ``serve_http`` on its loop, both ways it can reach Triton: forwarding requests as they
+came to the replicas' HTTP ports (``meshd.router.http_dispatch``), and converting them to gRPC
+(replicas that advertise no HTTP address).  Sequences go over gRPC either way.  Where the router answers
 differently on purpose it is said at the case: a malformed body is 400 where Triton says 500
 (with Triton's message), and what a router cannot do for one server (CUDA shared memory,
 repository control, trace and log settings) is 501.
@@ -120,9 +122,11 @@ def _start(servers: list[TritonServer], **kw: Any) -> HttpRouter:
     return HttpRouter(h, runner, f"http://{addr}")
 
 
-@pytest.fixture
-def router(tritons: list[TritonServer]) -> Iterator[HttpRouter]:
-    r = _start(tritons)
+@pytest.fixture(params=["forward", "convert"])
+def router(request: pytest.FixtureRequest, tritons: list[TritonServer]) -> Iterator[HttpRouter]:
+    """The router both ways: forwarding to the replicas' own HTTP ports (they advertise
+    them), and converting to gRPC (they do not)."""
+    r = _start(tritons, http=request.param == "forward")
     try:
         yield r
     finally:
@@ -1004,3 +1008,61 @@ def test_a_reply_is_cut_without_copying_its_tensors() -> None:
                        {"name": "D", "datatype": "INT64", "shape": [1], "data": [-7]}]}
     with pytest.raises(DecodeError):
         http_tensors.split_response(reply[:-1])
+
+
+# --- forwarding to the replicas' own HTTP ports ------------------------------------------------
+
+def _binary_infer(n: int = 16) -> tuple[bytes, dict[str, str]]:
+    a = np.arange(n, dtype=np.float32).reshape(1, n)
+    head = json.dumps({"inputs": [
+        {"name": name, "datatype": "FP32", "shape": [1, n],
+         "parameters": {"binary_data_size": a.nbytes}} for name in ("INPUT0", "INPUT1")],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+    return head + a.tobytes() * 2, {"Inference-Header-Content-Length": str(len(head)),
+                                    "Content-Type": "application/octet-stream",
+                                    "Accept-Encoding": "gzip"}
+
+
+def test_forwarded_requests_get_tritons_own_answer(tritons: list[TritonServer]) -> None:
+    """Forwarded, the answer is Triton's as it wrote it: compressed as the client asked, the
+    same bytes; a repeated request is recognised (no parsing, no validation)."""
+    r = _start(tritons, http=True)
+    try:
+        body, headers = _binary_infer()
+        want = fetch(tritons[0].http_url, "POST", "/v2/models/add_sub/infer", body, headers)
+        for _ in range(3):
+            got = fetch(r.url, "POST", "/v2/models/add_sub/infer", body, headers)
+            assert (got.status, got.headers.get("content-encoding")) == (200, "gzip")
+            assert gzip.decompress(got.body) == gzip.decompress(want.body)
+            assert got.headers["inference-header-content-length"] == \
+                want.headers["inference-header-content-length"]
+        gw = r.harness.router
+        assert len(gw.known) == 1 and gw.http_upstreams._session is not None
+        assert gw.counters.completed >= 3
+    finally:
+        r.close()
+
+
+def test_a_replica_whose_http_port_is_gone_fails_over(tritons: list[TritonServer]) -> None:
+    """One replica advertises an HTTP port nothing listens on: every request is answered by
+    the other, the failovers counted, the dead one's outcome reported (its limit backs off)."""
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # a port nothing listens on
+    h = RouterHarness(tritons, models=_models(tritons), http=True)
+    h.http_addrs[0] = f"127.0.0.1:{port}"
+    h.refresh()
+    runner, addr = h.call(router_server.serve_http(h.router, ("127.0.0.1", 0),
+                                                   ssl_context=None))
+    r = HttpRouter(h, runner, f"http://{addr}")
+    try:
+        time.sleep(0.2)  # the refresh above is applied on the harness's loop
+        body, headers = _binary_infer()
+        for _ in range(8):
+            got = fetch(r.url, "POST", "/v2/models/add_sub/infer", body, headers)
+            assert got.status == 200, got
+        c = h.router.counters
+        assert c.failovers >= 1 and c.completed >= 8 and not c.failed, c
+    finally:
+        r.close()

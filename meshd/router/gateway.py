@@ -30,7 +30,15 @@ from tritonclient.grpc import service_pb2
 
 from meshd.router import statistics
 from meshd.router.counters import RouterCounters
-from meshd.router.dispatch import Failed, Tally, attempt_span, dispatch, dispatch_sequence
+from meshd.router.dispatch import (
+    Failed,
+    Report,
+    Tally,
+    attempt_span,
+    dispatch,
+    dispatch_sequence,
+)
+from meshd.router.http_dispatch import HttpReply, HttpUpstreams, dispatch_http, http_code
 from meshd.router.known import Known, KnownRequests, grpc_key
 from meshd.router.scoring import Scoring, ScoringUnavailable
 from meshd.router.traces import RequestTrace, RequestTracer
@@ -183,6 +191,8 @@ class Gateway:
         self.clock = clock
         self.max_bytes = max_bytes
         self.upstreams = Upstreams()
+        self.http_upstreams = HttpUpstreams()
+        """The replicas' HTTP endpoints, for requests the HTTP ingress forwards as they came."""
         self.schemas = Schemas(self.upstreams)
         self.counters = RouterCounters()
         self.tracer: RequestTracer | None = None
@@ -204,6 +214,7 @@ class Gateway:
     async def close(self) -> None:
         self._flush()
         await self.upstreams.close()
+        await self.http_upstreams.close()
         await self.scoring.close()
 
     # --- inference ----------------------------------------------------------------------------
@@ -235,32 +246,46 @@ class Gateway:
         naming shared memory regions goes through :attr:`shm`, which reads and writes them and
         calls back with ``shm`` set.  A valid request's ``key`` (:meth:`recognise`) is
         remembered with what validation found, unless it is part of a sequence."""
-        c = self.counters
         now = self.clock()
-        model, version = req.model_name, req.model_version
-        schema = await self._schema(model, version, now)
         try:
-            payload = validate(req, schema, self.max_bytes)
+            schema, payload = await self.validated(req, now)
         except SharedMemoryRequest:
             if self.shm is None or shm:
                 self.failed("UNIMPLEMENTED")
                 raise RouterError(grpc.StatusCode.UNIMPLEMENTED,
                                   "this router serves no system shared memory") from None
             return await self.shm.infer(req, caller, remaining, rt)  # type: ignore[no-any-return]
-        except InvalidRequest as exc:
-            c.invalid += 1
-            raise RouterError(grpc.StatusCode[exc.code], str(exc)) from None
         seq = sequence_of(req)
         if key is not None and seq is None and schema.data_free:
-            self.known.put(key, Known(model, version, payload, schema))
-        return await self.route(raw, model, version, payload, seq, caller, remaining, rt, now)
+            self.known.put(key, Known(req.model_name, req.model_version, payload, schema))
+        return await self.route(raw, req.model_name, req.model_version, payload, seq, caller,
+                                remaining, rt, now)
+
+    async def validated(self, req: service_pb2.ModelInferRequest,
+                        now: float) -> tuple[ModelSchema, int]:
+        """The model's schema and the request's payload bytes, or :class:`RouterError` (an
+        invalid request counted) or :class:`SharedMemoryRequest`."""
+        schema = await self._schema(req.model_name, req.model_version, now)
+        try:
+            return schema, validate(req, schema, self.max_bytes)
+        except InvalidRequest as exc:
+            self.counters.invalid += 1
+            raise RouterError(grpc.StatusCode[exc.code], str(exc)) from None
 
     async def route(self, raw: bytes, model: str, version: str, payload: int,
                     seq: tuple[int | str, bool, bool] | None, caller: Caller,
                     remaining: float | None, rt: RequestTrace | None, now: float) -> bytes:
         """A valid request's reply bytes: scored, admitted and dispatched (see
         :meth:`infer`)."""
-        c = self.counters
+        scored = await self.admit(model, version, payload, seq, caller, remaining, rt)
+        return await self.send(raw, scored, model, seq, caller, remaining, rt, now)
+
+    async def admit(self, model: str, version: str, payload: int,
+                    seq: tuple[int | str, bool, bool] | None, caller: Caller,
+                    remaining: float | None, rt: RequestTrace | None) -> Scored:
+        """The scorer's decision for a valid request, admitted (a shed request is a
+        :class:`RouterError`, counted).  The decision holds admission slots until its outcome
+        is reported: :meth:`send` or :meth:`send_http` does, or :meth:`abandon`."""
         request = ScoreRequest(model, version, payload, caller.tenant, caller.slo,
                                deadline=remaining if remaining is not None else 0.0)
         if seq is not None:
@@ -271,11 +296,21 @@ class Gateway:
             scored = self._score_local(request)
         else:
             scored = await self.score(request, rt)
+        c = self.counters
         if not scored.verdict.admit:
             err = _shed(scored, model, seq)
             c.shed[scored.verdict.reason] = c.shed.get(scored.verdict.reason, 0) + 1
             raise err
         c.admitted += 1
+        return scored
+
+    def abandon(self, scored: Scored, why: str) -> None:
+        """An admitted request that will not be sent: its slots go back, counted failed."""
+        self._post((scored.decision_id, "", 0.0, Status.ERROR, False, True))
+        self.failed(why)
+
+    def _reporter(self, scored: Scored) -> tuple[Report, Callable[[str], Awaitable[Choice | None]]]:
+        """A decision's ``report`` and ``hedge_to`` for dispatch."""
         did = scored.decision_id
         scoring = self.scoring
         post = self._post
@@ -286,7 +321,15 @@ class Gateway:
 
         def hedge_to(replica: str) -> Awaitable[Choice | None]:
             return scoring.hedge_target(did, replica)
+        return report, hedge_to
 
+    async def send(self, raw: bytes, scored: Scored, model: str,
+                   seq: tuple[int | str, bool, bool] | None, caller: Caller,
+                   remaining: float | None, rt: RequestTrace | None, now: float) -> bytes:
+        """Dispatch an admitted request over gRPC: the reply bytes, or :class:`RouterError`
+        (counted)."""
+        c = self.counters
+        report, hedge_to = self._reporter(scored)
         tally = Tally()
         deadline = None if remaining is None else now + remaining
         try:
@@ -306,12 +349,42 @@ class Gateway:
             self.failed(exc.code.name)
             raise RouterError(exc.code, exc.details) from None
         finally:
-            if tally.hedged or tally.failovers:
-                c.hedged += tally.hedged
-                c.hedge_won += tally.hedge_won
-                c.failovers += tally.failovers
+            self._tally(tally)
         c.completed += 1
         return reply
+
+    async def send_http(self, path: str, body: bytes, headers: dict[str, str],
+                        scored: Scored, caller: Caller, remaining: float | None,
+                        rt: RequestTrace | None, now: float) -> HttpReply:
+        """Dispatch an admitted request, as it came, to the targets' own HTTP endpoints
+        (:mod:`meshd.router.http_dispatch`): the replica's answer, whatever its status, or
+        :class:`RouterError` when no replica gave one (counted)."""
+        c = self.counters
+        report, hedge_to = self._reporter(scored)
+        tally = Tally()
+        try:
+            reply = await dispatch_http(
+                path, body, headers, scored.targets, scored.hedge_after,
+                upstreams=self.http_upstreams, report=report, clock=self.clock,
+                deadline=None if remaining is None else now + remaining,
+                metadata=caller.passed, tally=tally, hedge_to=hedge_to, trace=rt)
+        except Failed as exc:
+            self.failed(exc.code.name)
+            raise RouterError(exc.code, exc.details) from None
+        finally:
+            self._tally(tally)
+        if reply.status < 400:
+            c.completed += 1
+        else:
+            self.failed(http_code(reply.status).name)
+        return reply
+
+    def _tally(self, tally: Tally) -> None:
+        if tally.hedged or tally.failovers:
+            c = self.counters
+            c.hedged += tally.hedged
+            c.hedge_won += tally.hedge_won
+            c.failovers += tally.failovers
 
     def _post(self, outcome: tuple[int, str, float, Status, bool, bool]) -> None:
         """Report an attempt's outcome once the loop is done with what is ready now: the

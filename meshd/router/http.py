@@ -61,8 +61,10 @@ from tritonclient.grpc import service_pb2
 from meshd import tracing
 from meshd.router import http_tensors as tensors
 from meshd.router.auth import SLO_HEADER, TENANT_HEADER, ClientAuth, Unauthenticated
-from meshd.router.gateway import Caller, Gateway, RouterError
+from meshd.router.gateway import Caller, Gateway, RouterError, sequence_of
+from meshd.router.http_dispatch import http_code
 from meshd.router.http_tensors import BadRequest, OutputError
+from meshd.router.known import Known
 from meshd.router.kserve import NO_SERVER_METHODS
 from meshd.router.traces import RequestTrace
 
@@ -351,30 +353,73 @@ class HttpService:
             try:
                 body = await self._body(request)
                 head = tensors.header_length(request.headers.get(INFER_HEADER), len(body))
-                if head:
-                    raw, req, plan = tensors.infer_request(model, version, body, head)
-                else:
-                    raw, req, plan = await self._raw_request(model, version, body)
             except BadRequest as exc:
                 c.invalid += 1
                 if rt is not None:
                     rt.finish("INVALID_ARGUMENT", {"http.response.status_code": exc.status})
                 return error_response(exc.status, exc.message, plain=exc.plain,
                                       headers=exc.headers)
-            remaining = plan.timeout
-            if plan.uses_shm:
-                if self.shm is None:
-                    gw.failed("UNIMPLEMENTED")
-                reply = await self._regions().infer(req, caller, remaining, rt)
+            now = gw.clock()
+            # A binary request's JSON header, its body's length and the model decide its
+            # validation (meshd.router.known): seen before, neither parsed nor validated.
+            key = (model, version, body[:head], len(body)) if head else None
+            known = gw.known.get(key) if key is not None else None
+            if known is not None and known.schema is gw.schemas.cached(model, version, now):
+                payload, remaining = known.payload, known.timeout
+                raw: bytes | None = None
             else:
-                reply = await gw.infer(raw, req, caller, remaining, rt)
-            resp, raws = tensors.split_response(reply)
-            body, head = tensors.render_infer(resp, raws, plan)
+                try:
+                    if head:
+                        raw, req, plan = tensors.infer_request(model, version, body, head)
+                    else:
+                        raw, req, plan = await self._raw_request(model, version, body)
+                except BadRequest as exc:
+                    c.invalid += 1
+                    if rt is not None:
+                        rt.finish("INVALID_ARGUMENT",
+                                  {"http.response.status_code": exc.status})
+                    return error_response(exc.status, exc.message, plain=exc.plain,
+                                          headers=exc.headers)
+                remaining = plan.timeout
+                if plan.uses_shm:
+                    if self.shm is None:
+                        gw.failed("UNIMPLEMENTED")
+                    reply = await self._regions().infer(req, caller, remaining, rt)
+                    return self._rendered(reply, plan, rt)
+                schema, payload = await gw.validated(req, now)
+                seq = sequence_of(req)
+                if seq is not None:  # sequences keep to gRPC (meshd.router.http_dispatch)
+                    reply = await gw.route(raw, model, version, payload, seq, caller,
+                                           remaining, rt, now)
+                    return self._rendered(reply, plan, rt)
+                if key is not None and schema.data_free and head:
+                    gw.known.put(key, Known(model, version, payload, schema, remaining))
+            scored = await gw.admit(model, version, payload, None, caller, remaining, rt)
+            if all(t.http for t in scored.targets):
+                got = await gw.send_http(request.rel_url.raw_path, body,
+                                         _forwarded(request.headers), scored, caller,
+                                         remaining, rt, now)
+                if rt is not None:
+                    rt.finish("" if got.status < 400 else http_code(got.status).name,
+                              {"http.response.status_code": got.status})
+                return web.Response(status=got.status, body=got.body, headers=got.headers)
+            # A replica without an HTTP endpoint: the request goes over gRPC, converted.
+            if raw is None:
+                try:
+                    if head:
+                        raw, req, plan = tensors.infer_request(model, version, body, head)
+                    else:
+                        raw, req, plan = await self._raw_request(model, version, body)
+                except BaseException:
+                    gw.abandon(scored, "INTERNAL")
+                    raise
+            reply = await gw.send(raw, scored, model, None, caller, remaining, rt, now)
+            return self._rendered(reply, plan, rt)
         except RouterError as err:
-            answer = _router_error(err, plain_pre_parse=True)
+            refused = _router_error(err, plain_pre_parse=True)
             if rt is not None:
-                rt.finish(err.code.name, {"http.response.status_code": answer.status})
-            return answer
+                rt.finish(err.code.name, {"http.response.status_code": refused.status})
+            return refused
         except OutputError as exc:
             # Triton ran the request; the protocol cannot carry its answer as asked.
             if rt is not None:
@@ -389,11 +434,19 @@ class HttpService:
             if rt is not None:
                 rt.finish("CANCELLED")
             raise
+
+    @staticmethod
+    def _rendered(reply: bytes, plan: tensors.OutputPlan, rt: RequestTrace | None
+                  ) -> web.Response:
+        """A gRPC reply (``ModelInferResponse`` bytes) as Triton's HTTP answer, as ``plan``
+        asks (binary outputs, classification)."""
+        resp, raws = tensors.split_response(reply)
+        body, out_head = tensors.render_infer(resp, raws, plan)
         if rt is not None:
             rt.finish()
-        if head:
+        if out_head:
             return web.Response(body=body, headers={
-                "Content-Type": "application/octet-stream", INFER_HEADER: str(head)})
+                "Content-Type": "application/octet-stream", INFER_HEADER: str(out_head)})
         return web.Response(body=body, headers={"Content-Type": _JSON})
 
     async def _raw_request(self, model: str, version: str, body: bytes
@@ -601,6 +654,15 @@ class HttpService:
                                  "unsigned-integer")
         shm.register(region, key, offset, byte_size, request.remote or "")
         return web.Response(headers={"Content-Type": _JSON})
+
+
+FORWARDED = ("Content-Type", INFER_HEADER, "Accept-Encoding")
+"""The client's headers a replica's HTTP endpoint gets with a forwarded request (the body
+is forwarded decompressed; trace headers are added per attempt)."""
+
+
+def _forwarded(headers: Any) -> dict[str, str]:
+    return {k: v for k in FORWARDED if (v := headers.get(k)) is not None}
 
 
 async def _drain(request: web.Request) -> None:

@@ -41,6 +41,9 @@ class Known:
     payload: int
     """The request's payload bytes (what :func:`meshd.router.validate.validate` returned)."""
     schema: ModelSchema
+    timeout: float | None = None
+    """Seconds the request allows (the HTTP header's ``timeout`` parameter; gRPC carries its
+    deadline outside the message)."""
 
 
 def grpc_key(raw: bytes) -> tuple[bytes, tuple[int, ...]] | None:

@@ -1,0 +1,253 @@
+"""Send one HTTP/REST inference request to the replicas' own HTTP endpoints, as it came.
+
+Triton serves KServe v2 over HTTP itself, so the router's HTTP ingress forwards a request's
+body to the chosen replica's HTTP port and hands back Triton's answer - status, body, content
+type, binary-tensor header, compression - as Triton wrote it.  Nothing is converted either
+way: converting to gRPC and back cost the router more than the whole bare HTTP hop
+(``bench/router_overhead``), and Triton's own renderer is by definition what a client
+expects.
+
+The rules are :mod:`meshd.router.dispatch`'s: the first target, a hedge after the delay when
+the scorer offers one, failover on the answers that say "this replica cannot answer now" -
+no connection (UNAVAILABLE), 503, 429, 500 - and none on those that say the request is
+wrong, which go back as Triton gave them; the last replica's answer goes back when every one
+failed.  Outcomes are reported as they end, the last with ``last`` set.  A stateful
+sequence's requests do not come here: the gateway routes those over gRPC, whose sequence
+rules (:func:`~meshd.router.dispatch.dispatch_sequence`) read Triton's gRPC errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import grpc
+
+from meshd.router.dispatch import Failed, Report, Tally, _end, attempt_span
+from meshd.router.traces import RequestTrace
+from meshd.score.scorer import Choice, Status
+
+RELAYED = ("Content-Type", "Inference-Header-Content-Length", "Content-Encoding")
+"""Headers of Triton's answer the client gets (aiohttp sets the length)."""
+FAILOVER = {503: Status.UNAVAILABLE, 429: Status.OVERLOADED, 500: Status.ERROR}
+"""Answers another replica may not give: tried elsewhere while there is one."""
+_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+          403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
+          409: grpc.StatusCode.ABORTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+          499: grpc.StatusCode.CANCELLED, 501: grpc.StatusCode.UNIMPLEMENTED,
+          503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def http_code(status: int) -> grpc.StatusCode:
+    """The gRPC status an HTTP answer stands for (Triton's mapping; counters use it)."""
+    return _CODES.get(status, grpc.StatusCode.INTERNAL if status >= 400 else grpc.StatusCode.OK)
+
+
+@dataclass(slots=True)
+class HttpReply:
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+
+class HttpUpstreams:
+    """One client session for every replica's HTTP endpoint: kept-alive connections, no
+    limit on how many (admission is the scorer's), replies left compressed as they come."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+                auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None),
+                skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+@dataclass(slots=True)
+class _Attempts:
+    """What every attempt of one request shares."""
+
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    upstreams: HttpUpstreams
+    clock: Callable[[], float]
+    deadline: float | None
+    metadata: Sequence[tuple[str, str]]
+    trace: RequestTrace | None
+
+
+@dataclass(slots=True)
+class _Tried:
+    reply: HttpReply | None
+    """Triton's answer (any status), or None: no answer (``code``, ``details`` say why)."""
+    status: Status
+    retry: bool
+    """Another replica may answer differently: no connection, or a FAILOVER answer."""
+    code: grpc.StatusCode
+    details: str
+    started: float
+
+
+async def _try(a: _Attempts, choice: Choice, hedge: bool) -> _Tried:
+    """One attempt at ``choice``: Triton's answer, or why there is none.  The caller's
+    cancellation (a client gone away) propagates."""
+    started = a.clock()
+    if a.deadline is not None and started >= a.deadline:
+        return _Tried(None, Status.TIMEOUT, False, grpc.StatusCode.DEADLINE_EXCEEDED,
+                      "deadline exceeded before the replica was tried", started)
+    span, md = attempt_span(a.trace, choice, hedge, a.metadata, "triton HTTP infer")
+    headers = {**a.headers, **dict(md)} if md else a.headers
+    timeout = None if a.deadline is None else aiohttp.ClientTimeout(
+        total=a.deadline - started)
+    try:
+        async with a.upstreams.session().post(f"http://{choice.http}{a.path}", data=a.body,
+                                              headers=headers, timeout=timeout) as resp:
+            data = await resp.read()
+            got = resp.headers
+            reply = HttpReply(resp.status, data,
+                              {k: v for k in RELAYED if (v := got.get(k)) is not None})
+    except TimeoutError:  # aiohttp's timeouts are TimeoutErrors
+        _end(span, Status.TIMEOUT)
+        return _Tried(None, Status.TIMEOUT, False, grpc.StatusCode.DEADLINE_EXCEEDED,
+                      "deadline exceeded before the replica answered", started)
+    except aiohttp.ClientError as exc:
+        _end(span, Status.UNAVAILABLE, str(exc))
+        return _Tried(None, Status.UNAVAILABLE, True, grpc.StatusCode.UNAVAILABLE,
+                      f"replica on node {choice.node} ({choice.http}) did not answer: {exc}",
+                      started)
+    except asyncio.CancelledError:
+        _end(span, Status.CANCELLED)
+        raise
+    code = reply.status
+    status = Status.OK if code < 400 else FAILOVER.get(code, Status.ERROR)
+    _end(span, status, "" if status == Status.OK else f"HTTP {code}")
+    return _Tried(reply, status, code in FAILOVER, http_code(code), "", started)
+
+
+def _answer(tried: _Tried) -> HttpReply:
+    """The client's answer after ``tried``, the request's last attempt."""
+    if tried.reply is None:
+        raise Failed(tried.code, tried.details)
+    return tried.reply  # Triton's own, whatever its status
+
+
+async def dispatch_http(path: str, body: bytes, headers: dict[str, str],
+                        targets: Sequence[Choice], hedge_after: float, *,
+                        upstreams: HttpUpstreams, report: Report, clock: Callable[[], float],
+                        deadline: float | None, metadata: Sequence[tuple[str, str]] = (),
+                        tally: Tally | None = None,
+                        hedge_to: Callable[[str], Awaitable[Choice | None]] | None = None,
+                        trace: RequestTrace | None = None) -> HttpReply:
+    """Forward ``body`` (``POST path`` with ``headers``) to ``targets`` (each with its
+    ``http`` address) and return the answer to give the client, or raise :class:`Failed`
+    when no replica answered at all.  ``hedge_to`` as in
+    :func:`~meshd.router.dispatch.dispatch`."""
+    tally = tally if tally is not None else Tally()
+    a = _Attempts(path, body, headers, upstreams, clock, deadline, metadata, trace)
+    queue = list(targets)
+    if hedge_after > 0 and len(queue) > 1:
+        return await _hedged(a, queue, hedge_after, report, tally, hedge_to)
+    # One attempt at a time, each awaited directly: the common path, and the cheapest.
+    final = len(queue) - 1
+    for i, choice in enumerate(queue):
+        if i and deadline is not None and clock() >= deadline:
+            report("", 0.0, Status.TIMEOUT, False, True)
+            raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"deadline exceeded after trying {i} replica(s)")
+        tally.failovers += i > 0
+        started = clock()
+        try:
+            tried = await _try(a, choice, False)
+        except asyncio.CancelledError:  # the client went away
+            report(choice.replica, clock() - started, Status.CANCELLED, False, True)
+            raise
+        last = not tried.retry or i == final
+        report(choice.replica, clock() - tried.started, tried.status, False, last)
+        if last:
+            return _answer(tried)
+    report("", 0.0, Status.ERROR, False, True)
+    raise Failed(grpc.StatusCode.UNAVAILABLE, "no target could be tried")
+
+
+async def _hedged(a: _Attempts, queue: list[Choice], hedge_after: float, report: Report,
+                  tally: Tally,
+                  hedge_to: Callable[[str], Awaitable[Choice | None]] | None) -> HttpReply:
+    """The first target, and a hedge once it is late (and the scorer names where); the
+    first answer that ends the request wins, the other attempt is cancelled."""
+    clock, deadline = a.clock, a.deadline
+    pending: dict[asyncio.Task[_Tried], tuple[Choice, bool, float]] = {}
+
+    def start(choice: Choice, hedge: bool) -> None:
+        pending[asyncio.ensure_future(_try(a, choice, hedge))] = (choice, hedge, clock())
+
+    def cancel_all() -> None:
+        now = clock()
+        for task, (choice, hedge, started) in pending.items():
+            task.cancel()
+            report(choice.replica, now - started, Status.CANCELLED, hedge, False)
+        pending.clear()
+
+    start(queue.pop(0), False)
+    hedge_at: float | None = clock() + hedge_after
+    last: _Tried | None = None
+    try:
+        while pending:
+            now = clock()
+            waits = [t - now for t in (hedge_at, deadline) if t is not None]
+            done, _ = await asyncio.wait(pending, timeout=max(0.0, min(waits)) if waits
+                                         else None, return_when=asyncio.FIRST_COMPLETED)
+            now = clock()
+            if not done:
+                if deadline is not None and now >= deadline:
+                    cancel_all()
+                    report("", 0.0, Status.TIMEOUT, False, True)
+                    raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 "deadline exceeded before any replica answered")
+                if hedge_at is not None and now >= hedge_at:
+                    to: Choice | None = None
+                    if hedge_to is not None:
+                        to = await hedge_to(next(iter(pending.values()))[0].replica)
+                        if any(t.done() for t in pending):
+                            continue  # answered while we asked
+                        if to is None:
+                            hedge_at = now + hedge_after / 2
+                            continue
+                    hedge_at = None
+                    choice = to if to is not None else (queue.pop(0) if queue else None)
+                    if choice is not None:
+                        queue[:] = [c for c in queue if c.replica != choice.replica]
+                        tally.hedged = True
+                        start(choice, True)
+                continue
+            for task in done:
+                choice, hedge, _ = pending.pop(task)
+                tried = last = task.result()
+                latency = now - tried.started
+                if not tried.retry:
+                    cancel_all()
+                    report(choice.replica, latency, tried.status, hedge, True)
+                    tally.hedge_won = hedge and tried.status == Status.OK
+                    return _answer(tried)
+                report(choice.replica, latency, tried.status, hedge, False)
+                if queue and not pending and (deadline is None or now < deadline):
+                    tally.failovers += 1
+                    start(queue.pop(0), False)
+        report("", 0.0, last.status if last is not None else Status.ERROR, False, True)
+        if last is None:
+            raise Failed(grpc.StatusCode.UNAVAILABLE, "no target could be tried")
+        return _answer(last)  # the last replica's own answer
+    except asyncio.CancelledError:  # the client went away
+        cancel_all()
+        report("", 0.0, Status.CANCELLED, False, True)
+        raise
