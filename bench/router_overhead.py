@@ -40,10 +40,11 @@ over HTTP (tritonclient's default: binary inputs, ``binary_data_output``):
   ports): a ``FusedState`` listing the Triton gRPC endpoint as a ready replica of ``add_sub`` on
   one node, with Triton's HTTP address advertised as the adapter does with ``--triton
   ...,http=HOST:PORT`` (so the HTTP ingress forwards requests to Triton's HTTP port as they
-  came, ``meshd.router.http_dispatch``) (its ``at`` times refreshed every 0.5 s, as ``tests/test_router.py``'s
-  RouterHarness does), a ``Scorer`` over it (default policy: ``hybrid``; its adaptive
-  concurrency limit's floor raised from 2 to 32, else concurrency 16 against the one replica
-  sheds once the load raises its latency - the limiter still runs on every request),
+  came, ``meshd.router.http_dispatch``); its ``at`` times refreshed every 0.5 s, as
+  ``tests/test_router.py``'s RouterHarness does; a ``Scorer`` over it (default policy:
+  ``hybrid``; its adaptive concurrency limit's floor raised from 2 to 32, else concurrency 16
+  against the one replica sheds once the load raises its latency - the limiter still runs on
+  every request),
   ``meshd.router.server.serve(..., dev=True)`` (gRPC) and ``serve_http`` (HTTP, the same
   gateway) on loopback;
 * ``worker`` (gRPC): tritonclient -> a router worker process (``meshd.router.worker``, started

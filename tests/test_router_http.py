@@ -6,10 +6,10 @@ tritonclient.http, tritonclient.http.aio or a plain HTTP request (as curl would 
 The router runs in-process (``tests.test_router.RouterHarness``, its gRPC ingress and gateway)
 with ``serve_http`` on its loop, both ways it can reach Triton: forwarding requests as they
 came to the replicas' HTTP ports (``meshd.router.http_dispatch``), and converting them to gRPC
-(replicas that advertise no HTTP address).  Sequences go over gRPC either way.  Where the router answers
-differently on purpose it is said at the case: a malformed body is 400 where Triton says 500
-(with Triton's message), and what a router cannot do for one server (CUDA shared memory,
-repository control, trace and log settings) is 501.
+(replicas that advertise no HTTP address).  Sequences go over gRPC either way.  Where the
+router answers differently on purpose it is said at the case: a malformed body is 400 where
+Triton says 500 (with Triton's message), and what a router cannot do for one server (CUDA
+shared memory, repository control, trace and log settings) is 501.
 
 The Triton servers are shared by the module (``tests.triton.TritonFactory``, the machinery of
 the ``triton_factory`` fixture): the ``add_sub`` and ``delay`` models, the ``accumulate``
