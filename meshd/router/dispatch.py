@@ -139,7 +139,7 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
         pending.clear()
 
     if hedge_after <= 0 or len(queue) < 2:
-        return await _in_turn(raw, method, queue, upstreams=upstreams, report=report,
+        return await in_turn(raw, method, queue, upstreams=upstreams, report=report,
                               clock=clock, deadline=deadline, metadata=metadata, tally=tally,
                               trace=trace)
     start(False)
@@ -252,10 +252,10 @@ def _answered(report: Report, clock: Callable[[], float], choice: Choice,
     return tried.reply
 
 
-async def _in_turn(raw: bytes, method: str, queue: list[Choice], *, upstreams: Upstreams,
-                   report: Report, clock: Callable[[], float], deadline: float | None,
-                   metadata: Sequence[tuple[str, str]], tally: Tally,
-                   trace: RequestTrace | None) -> bytes:
+async def in_turn(raw: bytes, method: str, queue: Sequence[Choice], *, upstreams: Upstreams,
+                  report: Report, clock: Callable[[], float], deadline: float | None,
+                  metadata: Sequence[tuple[str, str]], tally: Tally,
+                  trace: RequestTrace | None) -> bytes:
     """No hedge: one attempt at a time, the next only after a failover error.  Awaits each
     call directly (no task, no wait set): the common path, and the cheapest."""
     last: tuple[grpc.StatusCode, str] = (grpc.StatusCode.UNAVAILABLE,

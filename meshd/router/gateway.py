@@ -37,6 +37,7 @@ from meshd.router.dispatch import (
     attempt_span,
     dispatch,
     dispatch_sequence,
+    in_turn,
 )
 from meshd.router.http_dispatch import HttpReply, HttpUpstreams, dispatch_http, http_code
 from meshd.router.known import Known, KnownRequests, grpc_key
@@ -176,6 +177,18 @@ def _shed(scored: Scored, model: str, seq: tuple[int | str, bool, bool] | None) 
                        v.retry_after)
 
 
+def _score_request(model: str, version: str, payload: int,
+                   seq: tuple[int | str, bool, bool] | None, caller: Caller,
+                   remaining: float | None) -> ScoreRequest:
+    request = ScoreRequest(model, version, payload, caller.tenant, caller.slo,
+                           deadline=remaining if remaining is not None else 0.0)
+    if seq is not None:
+        request.idempotent = False
+        request.sequence = sequence_key(model, version, seq[0])
+        request.sequence_start, request.sequence_end = seq[1], seq[2]
+    return request
+
+
 def lost_sequence(sid: int | str, model: str, where: str) -> str:
     return (f"sequence {sid!r} of model '{model}' was lost: the replica that held it{where} "
             "is no longer available; start the sequence again")
@@ -277,7 +290,11 @@ class Gateway:
                     remaining: float | None, rt: RequestTrace | None, now: float) -> bytes:
         """A valid request's reply bytes: scored, admitted and dispatched (see
         :meth:`infer`)."""
-        scored = await self.admit(model, version, payload, seq, caller, remaining, rt)
+        if rt is None and self._score_now is not None:  # no coroutine to score
+            scored = self._admitted(self._score_local(_score_request(
+                model, version, payload, seq, caller, remaining)), model, seq)
+        else:
+            scored = await self.admit(model, version, payload, seq, caller, remaining, rt)
         return await self.send(raw, scored, model, seq, caller, remaining, rt, now)
 
     async def admit(self, model: str, version: str, payload: int,
@@ -286,16 +303,15 @@ class Gateway:
         """The scorer's decision for a valid request, admitted (a shed request is a
         :class:`RouterError`, counted).  The decision holds admission slots until its outcome
         is reported: :meth:`send` or :meth:`send_http` does, or :meth:`abandon`."""
-        request = ScoreRequest(model, version, payload, caller.tenant, caller.slo,
-                               deadline=remaining if remaining is not None else 0.0)
-        if seq is not None:
-            request.idempotent = False
-            request.sequence = sequence_key(model, version, seq[0])
-            request.sequence_start, request.sequence_end = seq[1], seq[2]
+        request = _score_request(model, version, payload, seq, caller, remaining)
         if rt is None and self._score_now is not None:
             scored = self._score_local(request)
         else:
             scored = await self.score(request, rt)
+        return self._admitted(scored, model, seq)
+
+    def _admitted(self, scored: Scored, model: str,
+                  seq: tuple[int | str, bool, bool] | None) -> Scored:
         c = self.counters
         if not scored.verdict.admit:
             err = _shed(scored, model, seq)
@@ -333,7 +349,13 @@ class Gateway:
         tally = Tally()
         deadline = None if remaining is None else now + remaining
         try:
-            if seq is None:
+            if seq is None and (scored.hedge_after <= 0 or len(scored.targets) < 2):
+                # No hedge: attempts in turn, without dispatch's coroutine in between.
+                reply = await in_turn(raw, "ModelInfer", scored.targets,
+                                      upstreams=self.upstreams, report=report,
+                                      clock=self.clock, deadline=deadline,
+                                      metadata=caller.passed, tally=tally, trace=rt)
+            elif seq is None:
                 reply = await dispatch(raw, "ModelInfer", scored.targets, scored.hedge_after,
                                        upstreams=self.upstreams, report=report,
                                        clock=self.clock, deadline=deadline,

@@ -190,6 +190,9 @@ class HttpService:
         self.auth = auth
         self.shm = shm
         self.max_body = gateway.max_bytes + HEADROOM
+        self._callers: dict[tuple[tuple[str, str], ...], Caller] = {}
+        """Callers by the headers that decide who they are, where no client certificate
+        does (see :meth:`_caller`)."""
 
     def app(self) -> web.Application:
         """An aiohttp application serving every path (Triton's routing, its 404 included)."""
@@ -301,6 +304,12 @@ class HttpService:
             value = headers.get(key)
             if value is not None:
                 md[key] = value
+        cacheable = self.auth.dev or "authorization" in md  # no certificate in the verdict
+        if cacheable:
+            seen = tuple(md.items())
+            hit = self._callers.get(seen)
+            if hit is not None:
+                return hit
         try:
             tenant = self.auth.tenant(md, PeerCertificate(request))  # type: ignore[arg-type]
         except Unauthenticated as exc:
@@ -309,7 +318,12 @@ class HttpService:
             extra = {"WWW-Authenticate": "Bearer"} if self.auth.tokens else None
             raise _Unauthenticated(error_response(401, str(exc), headers=extra)) from None
         passed = [(k, v) for k, v in md.items() if k in _PASS]
-        return Caller(tenant, md.get(SLO_HEADER, ""), passed)
+        caller = Caller(tenant, md.get(SLO_HEADER, ""), passed)
+        if cacheable:
+            if len(self._callers) >= 256:
+                self._callers.clear()
+            self._callers[seen] = caller
+        return caller
 
     # --- inference ----------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import grpc
+from yarl import URL
 
 from meshd.router.dispatch import Failed, Report, Tally, _end, attempt_span
 from meshd.router.traces import RequestTrace
@@ -58,6 +59,17 @@ class HttpUpstreams:
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[tuple[str, str], URL] = {}
+
+    def url(self, address: str, path: str) -> URL:
+        """``http://address/path``, parsed once (aiohttp parses a string on every call)."""
+        key = (address, path)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) >= 4096:
+                self._urls.clear()
+            url = self._urls[key] = URL(f"http://{address}{path}", encoded=True)
+        return url
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -111,8 +123,9 @@ async def _try(a: _Attempts, choice: Choice, hedge: bool) -> _Tried:
     timeout = None if a.deadline is None else aiohttp.ClientTimeout(
         total=a.deadline - started)
     try:
-        async with a.upstreams.session().post(f"http://{choice.http}{a.path}", data=a.body,
-                                              headers=headers, timeout=timeout) as resp:
+        async with a.upstreams.session().post(a.upstreams.url(choice.http, a.path),
+                                              data=a.body, headers=headers,
+                                              timeout=timeout) as resp:
             data = await resp.read()
             got = resp.headers
             reply = HttpReply(resp.status, data,

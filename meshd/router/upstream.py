@@ -18,9 +18,14 @@ MAX_MESSAGE = 1 << 30
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.max_receive_message_length", MAX_MESSAGE),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
+    # Triton's gRPC server takes a ping at most every 5 minutes without data
+    # (--grpc-http2-min-recv-ping-interval-without-data) and none without calls: more, and
+    # after two strikes it closes the connection (GOAWAY "too_many_pings"), failing the calls
+    # on it as UNAVAILABLE.  Pinging every 10 s, an idle router's channels were closed so
+    # within the minute.  A replica that dies is found by gossip and by the deadline.
+    ("grpc.keepalive_time_ms", 300_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 0),
     # A killed replica must fail fast so the request fails over, not wait out a reconnect
     # backoff that grows to minutes.
     ("grpc.initial_reconnect_backoff_ms", 100),

@@ -702,8 +702,16 @@ class Scorer:
     def _time_attempt(self, d: Decision | None, replica: str, latency: float) -> None:
         target = self.table.by_key.get(replica)
         if target is not None:
-            key = (d.model if d is not None else target.model, target.node)
-            _observe(self.counters.attempts, key, latency)
+            if d is None or d.model == target.model:
+                timing = target.stats.attempts  # the usual case: no key to build and hash
+                if timing is None:
+                    key = (target.model, target.node)
+                    _observe(self.counters.attempts, key, latency)
+                    target.stats.attempts = self.counters.attempts.get(key)
+                    return
+                timing.observe(latency)
+                return
+            _observe(self.counters.attempts, (d.model, target.node), latency)
 
     def _release(self, d: Decision) -> None:
         """Give back the slots a decision still holds."""

@@ -86,6 +86,9 @@ class TargetStats:
     hedges: int = 0
     """Hedges this agent sent here that have not ended: work the target has that no
     admission slot counts."""
+    attempts: Any = None
+    """The scorer's histogram of attempts answered here (``ScoreCounters.attempts`` under
+    the target's model and node), once it has one."""
 
     def sent(self, now: float) -> None:
         """A request was admitted to the target (its in-flight count already includes it)."""
