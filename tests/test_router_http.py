@@ -1052,6 +1052,7 @@ def test_a_replica_whose_http_port_is_gone_fails_over(tritons: list[TritonServer
     dead.close()  # a port nothing listens on
     h = RouterHarness(tritons, models=_models(tritons), http=True)
     h.http_addrs[0] = f"127.0.0.1:{port}"
+    h.put("RoutingPolicy", "add_sub", {"strategy": "baseline_rr"})  # the dead one is tried
     h.refresh()
     runner, addr = h.call(router_server.serve_http(h.router, ("127.0.0.1", 0),
                                                    ssl_context=None))
@@ -1064,5 +1065,52 @@ def test_a_replica_whose_http_port_is_gone_fails_over(tritons: list[TritonServer
             assert got.status == 200, got
         c = h.router.counters
         assert c.failovers >= 1 and c.completed >= 8 and not c.failed, c
+    finally:
+        r.close()
+
+
+def _delay_http(client: th.InferenceServerClient, **kw: Any) -> Any:
+    inp = th.InferInput("PAYLOAD", [16], "FP32")
+    inp.set_data_from_numpy(np.zeros(16, dtype=np.float32))
+    return client.infer("delay", [inp], **kw)
+
+
+def test_forwarded_requests_are_hedged_around_a_stalled_replica(
+        tritons: list[TritonServer]) -> None:
+    r = _start(tritons, http=True)
+    h = r.harness
+    try:
+        h.put("SloClass", "hedged", {"deadline_ms": 5000, "hedge_after_ms": 50})
+        h.put("RoutingPolicy", "delay", {"strategy": "baseline_rr", "hedge_budget": 1.0})
+        tritons[1].set_behaviour("delay", stall=True)
+        via = th.InferenceServerClient(r.url.removeprefix("http://"))
+        took = []
+        for _ in range(10):
+            t0 = time.monotonic()
+            _delay_http(via, headers={"x-meshd-slo": "hedged"})
+            took.append(time.monotonic() - t0)
+        assert max(took) < 1.0, took  # a stall lasts 60 s; the hedge answered
+        c = h.router.counters
+        assert c.hedged >= 4 and c.hedge_won >= 4 and not c.failed, c
+    finally:
+        tritons[1].clear_behaviour()
+        r.close()
+
+
+def test_a_killed_replica_fails_over_over_http(triton_factory: Any) -> None:
+    servers = triton_factory(2)
+    r = _start(servers, http=True)
+    h = r.harness
+    try:
+        h.put("RoutingPolicy", "delay", {"strategy": "baseline_rr"})
+        via = th.InferenceServerClient(r.url.removeprefix("http://"))
+        for _ in range(10):
+            _delay_http(via)
+        c = h.router.counters
+        before = c.failovers + c.hedged
+        servers[1].kill()
+        for _ in range(40):
+            _delay_http(via)  # none may fail
+        assert c.failovers + c.hedged - before >= 10, c
     finally:
         r.close()

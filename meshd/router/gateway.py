@@ -281,6 +281,8 @@ class Gateway:
         schema = await self._schema(req.model_name, req.model_version, now)
         try:
             return schema, validate(req, schema, self.max_bytes)
+        except SharedMemoryRequest:
+            raise  # not a mistake (an InvalidRequest only where no router serves the regions)
         except InvalidRequest as exc:
             self.counters.invalid += 1
             raise RouterError(grpc.StatusCode[exc.code], str(exc)) from None

@@ -123,13 +123,18 @@ async def _try(a: _Attempts, choice: Choice, hedge: bool) -> _Tried:
     timeout = None if a.deadline is None else aiohttp.ClientTimeout(
         total=a.deadline - started)
     try:
-        async with a.upstreams.session().post(a.upstreams.url(choice.http, a.path),
-                                              data=a.body, headers=headers,
-                                              timeout=timeout) as resp:
+        # Awaited directly, not as a context manager (one coroutine fewer on every resume):
+        # reading the whole body gives the connection back to the pool; a failure closes it.
+        resp = await a.upstreams.session().post(a.upstreams.url(choice.http, a.path),
+                                                data=a.body, headers=headers, timeout=timeout)
+        try:
             data = await resp.read()
-            got = resp.headers
-            reply = HttpReply(resp.status, data,
-                              {k: v for k in RELAYED if (v := got.get(k)) is not None})
+        except BaseException:
+            resp.close()
+            raise
+        got = resp.headers
+        reply = HttpReply(resp.status, data,
+                          {k: v for k in RELAYED if (v := got.get(k)) is not None})
     except TimeoutError:  # aiohttp's timeouts are TimeoutErrors
         _end(span, Status.TIMEOUT)
         return _Tried(None, Status.TIMEOUT, False, grpc.StatusCode.DEADLINE_EXCEEDED,
