@@ -193,3 +193,43 @@ def test_a_repeated_request_is_recognised_and_answered_right(fleet: Any) -> None
         assert len(gw.known) == before + 1
     finally:
         client.close()
+
+
+@given(requests(), requests())
+@settings(max_examples=300, deadline=None)
+def test_a_guessed_layout_finds_only_what_the_walk_would(first: service_pb2.ModelInferRequest,
+                                                         second: service_pb2.ModelInferRequest
+                                                         ) -> None:
+    """Whatever was recognised before, a request's key and what is found under it are what
+    walking it gives: the layout guessed from an earlier request of the same length only
+    saves the walk."""
+    schema = ModelSchema("m", 0, {"x": TensorSpec("x", "FP32", (1,))}, frozenset())
+    table = KnownRequests()
+    a, b = first.SerializeToString(), second.SerializeToString()
+    key_a, _ = table.key(a)
+    if key_a is not None:
+        table.put(key_a, Known("m", "", 1, schema))
+    key_b, known_b = table.key(b)
+    assert key_b == grpc_key(b)
+    assert known_b is (table.get(key_b) if key_b is not None else None)
+    # The same request again (its layout now remembered) finds the same.
+    assert table.key(b) == (key_b, known_b)
+
+
+def test_a_header_that_only_looks_like_tensors_is_not_mistaken() -> None:
+    """Two messages of one length whose bytes at the remembered offset parse as the same
+    tensor records, while the second's header differs there: no false hit."""
+    schema = ModelSchema("m", 0, {"x": TensorSpec("x", "FP32", (1,))}, frozenset())
+    req = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[b"abcd"])
+    req.inputs.add(name="x", datatype="FP32", shape=[1])
+    raw = req.SerializeToString()
+    table = KnownRequests()
+    key, known = table.key(raw)
+    assert key is not None and known is None
+    table.put(key, Known("m", "", 4, schema))
+    assert table.key(raw)[1] is not None
+    # Same length, other tensor bytes: found; a header byte changed: not found.
+    assert table.key(raw[:-4] + b"wxyz")[1] is not None
+    changed = bytearray(raw)
+    changed[3] ^= 1  # inside the model name
+    assert table.key(bytes(changed))[1] is None

@@ -40,7 +40,7 @@ from meshd.router.dispatch import (
     in_turn,
 )
 from meshd.router.http_dispatch import HttpReply, HttpUpstreams, dispatch_http, http_code
-from meshd.router.known import Known, KnownRequests, grpc_key
+from meshd.router.known import Known, KnownRequests
 from meshd.router.scoring import Scoring, ScoringUnavailable
 from meshd.router.traces import RequestTrace, RequestTracer
 from meshd.router.upstream import Upstreams
@@ -241,10 +241,7 @@ class Gateway:
         """A serialized ``ModelInferRequest``'s key (:mod:`meshd.router.known`), and what
         validating it found when a request with that key was validated before against the
         model's config in force: the request then goes straight to :meth:`route`."""
-        key = grpc_key(raw)
-        if key is None:
-            return None, None
-        known = self.known.get(key)
+        key, known = self.known.key(raw)
         if known is None or known.schema is not self.schemas.cached(
                 known.model, known.version, self.clock()):
             return key, None

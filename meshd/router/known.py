@@ -88,6 +88,31 @@ def grpc_key(raw: bytes) -> tuple[bytes, tuple[int, ...]] | None:
     return raw[:start], tuple(lengths)
 
 
+def tensors_at(raw: bytes, start: int, lengths: tuple[int, ...]) -> bool:
+    """Whether ``raw`` from ``start`` on is exactly ``raw_input_contents`` records of
+    ``lengths``: the check of a guessed key (:meth:`KnownRequests.key`)."""
+    i = start
+    n = len(raw)
+    for length in lengths:
+        if i >= n or raw[i] != 0x3A:
+            return False
+        i += 1
+        size = shift = 0
+        while True:
+            if i >= n or shift > 35:
+                return False
+            b = raw[i]
+            i += 1
+            size |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            shift += 7
+        if size != length:
+            return False
+        i += size
+    return i == n
+
+
 class KnownRequests:
     """Keys (:func:`grpc_key`, or an ingress's own) of requests validated before -> what
     validation found; at most ``size`` of them, the oldest dropped first.  A hit counts only
@@ -97,6 +122,31 @@ class KnownRequests:
     def __init__(self, size: int = 512) -> None:
         self.size = size
         self._known: dict[object, Known] = {}
+        self._shapes: dict[int, tuple[int, tuple[int, ...]]] = {}
+        """Message length -> where the tensors began and their lengths, in the last request
+        of that length seen with a key: the same client's next request is most likely laid
+        out the same."""
+
+    def key(self, raw: bytes) -> tuple[tuple[bytes, tuple[int, ...]] | None, Known | None]:
+        """:func:`grpc_key` of a serialized ``ModelInferRequest`` and what is known under it.
+        The layout of the last request of the same length is tried first: when ``raw`` ends
+        in tensors of those lengths there and the bytes before are a header validated before
+        (a whole header, walked: only walked keys are stored), that is its key - found
+        without walking the header.  Otherwise the walk decides."""
+        n = len(raw)
+        shape = self._shapes.get(n)
+        if shape is not None and tensors_at(raw, shape[0], shape[1]):
+            key = (raw[:shape[0]], shape[1])
+            known = self._known.get(key)
+            if known is not None:
+                return key, known
+        walked = grpc_key(raw)
+        if walked is None:
+            return None, None
+        if len(self._shapes) >= 4096:
+            self._shapes.clear()
+        self._shapes[n] = (len(walked[0]), walked[1])
+        return walked, self._known.get(walked)
 
     def __len__(self) -> int:
         return len(self._known)

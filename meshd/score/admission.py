@@ -89,17 +89,24 @@ class TenantGate:
         self.share = share
         self._tenants: dict[str, TenantState] = {}
         self._unlimited = TenantState(None, 1.0, None, DEFAULT_PRIORITY, None)
+        self._no_quota: dict[str, int] = {}
+        """Tenants with no quota -> the policy version that said so."""
 
     def state(self, tenant: str, now: float) -> TenantState:
         st = self._tenants.get(tenant)
         version = self.version()
         if st is not None and st.version == version:
             return st
+        if self._no_quota.get(tenant) == version:
+            return self._unlimited  # known to have none at this policy version
         spec = self.quota_of(tenant)
         if spec is None:
             # Tenants without a quota share one unlimited state, so request metadata cannot
-            # grow this table.
+            # grow this table; which have none is remembered in a bounded one.
             self._tenants.pop(tenant, None)
+            if len(self._no_quota) >= 4096:
+                self._no_quota.clear()
+            self._no_quota[tenant] = version
             return self._unlimited
         share = max(1e-6, min(1.0, self.share()))
         rate = spec["requests_per_second"]

@@ -310,13 +310,15 @@ class Scorer:
 
     # --- scoring -----------------------------------------------------------------------------
 
-    def candidates(self, req: ScoreRequest, routing: RoutingConfig,
-                   now: float) -> tuple[list[Target], bool]:
-        """The targets this request may go to, with its prediction filled in, and whether
-        they are degraded (every queue figure stale: own observations only)."""
+    def candidates(self, req: ScoreRequest, routing: RoutingConfig, now: float,
+                   units: int = 0) -> tuple[list[Target], bool]:
+        """The targets this request may go to, with its prediction filled in (for ``units``
+        of work, else the request's), and whether they are degraded (every queue figure
+        stale: own observations only)."""
         table = self.table.targets(req.model, now)
         eligible = table.eligible
-        units = work_units(req.payload_bytes)
+        if not units:
+            units = work_units(req.payload_bytes)
         oldest = now - routing.stale_after
         excl = req.exclude
         rev = req.revision
@@ -415,22 +417,22 @@ class Scorer:
         routing = self.routing(model)
         if req.sequence:
             return self._score_sequence(req, slo, deadline, routing, now)
-        targets, degraded = self.candidates(req, routing, now)
+        units = work_units(req.payload_bytes)
+        targets, degraded = self.candidates(req, routing, now, units)
         counters = self.counters
         if not targets:
             counters.shed["no_targets"] += 1
             return Scored([], Verdict(False, "no_targets", self.config.retry_after_bounds[1]))
         if degraded:
             counters.degraded += 1
-        ctx = Context(model, work_units(req.payload_bytes), routing.max_targets, self.zone,
-                      routing, self.rng, 0.0)
-        if len(targets) == 1:
+        if len(targets) == 1 and routing.shadow is None:
             ranked, used = targets, routing.strategy  # nothing to rank
         else:
+            ctx = Context(model, units, routing.max_targets, self.zone, routing, self.rng, 0.0)
             ranked, used = self.rank(targets, ctx)
+            if routing.shadow is not None:
+                self._shadow(model, ranked, targets, ctx)
         counters.decisions[used] += 1
-        if routing.shadow is not None:
-            self._shadow(model, ranked, targets, ctx)
         tenant = self.tenants.state(req.tenant, now)
         priority = slo["shed_priority"] if slo else tenant.priority
         verdict, first = self._admit_targets(req, ranked, targets, tenant, priority, deadline,
@@ -453,11 +455,11 @@ class Scorer:
                 counters.hedge_budget_exhausted[req.model] += 1
         ms.budget.on_request()
         stats = first.stats
-        stats.units_per_request += 0.1 * (ctx.units - stats.units_per_request)
+        stats.units_per_request += 0.1 * (units - stats.units_per_request)
         c = 1 / stats.correction
         d = Decision(self.decisions.next_id(), req.model, tenant, ms.gate, stats, first.key,
                      {t.key: (t.rtt, (t.p_queue + t.p_service) * c) for t in ranked},
-                     ctx.units, now, now + (deadline or self.config.decision_ttl)
+                     units, now, now + (deadline or self.config.decision_ttl)
                      + self.config.expiry_grace)
         self.decisions.add(d)
         self.fused.observe_start(first.key, now)
