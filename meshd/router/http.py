@@ -376,7 +376,8 @@ class HttpService:
             now = gw.clock()
             # A binary request's JSON header, its body's length and the model decide its
             # validation (meshd.router.known): seen before, neither parsed nor validated.
-            key = (model, version, body[:head], len(body)) if head else None
+            # (A JSON-only body carries its data in the header: never the same twice.)
+            key = (model, version, body[:head], len(body)) if 0 < head < len(body) else None
             known = gw.known.get(key) if key is not None else None
             if known is not None and known.schema is gw.schemas.cached(model, version, now):
                 payload, remaining = known.payload, known.timeout
@@ -406,7 +407,7 @@ class HttpService:
                     reply = await gw.route(raw, model, version, payload, seq, caller,
                                            remaining, rt, now)
                     return self._rendered(reply, plan, rt)
-                if key is not None and schema.data_free and head:
+                if key is not None and schema.data_free:
                     gw.known.put(key, Known(model, version, payload, schema, remaining))
             scored = await gw.admit(model, version, payload, None, caller, remaining, rt)
             if all(t.http for t in scored.targets):

@@ -374,6 +374,10 @@ def header_length(value: str | None, content_length: int) -> int:
     the whole body without the header."""
     if value is None:
         return content_length
+    if value.isascii() and value.isdigit():  # the usual case: no atoi corner to mimic
+        parsed = int(value)
+        if parsed <= content_length:
+            return parsed
     text = value.lstrip(" \t\n\v\f\r")
     end = 1 if text[:1] in ("+", "-") else 0
     while end < len(text) and text[end] in "0123456789":
