@@ -242,10 +242,14 @@ class Gateway:
         validating it found when a request with that key was validated before against the
         model's config in force: the request then goes straight to :meth:`route`."""
         key, known = self.known.key(raw)
+        return key, self.current(known)
+
+    def current(self, known: Known | None) -> Known | None:
+        """``known``, while the config it was validated against is the model's in force."""
         if known is None or known.schema is not self.schemas.cached(
                 known.model, known.version, self.clock()):
-            return key, None
-        return key, known
+            return None
+        return known
 
     async def infer(self, raw: bytes, req: service_pb2.ModelInferRequest, caller: Caller,
                     remaining: float | None, rt: RequestTrace | None,
@@ -289,12 +293,21 @@ class Gateway:
                     remaining: float | None, rt: RequestTrace | None, now: float) -> bytes:
         """A valid request's reply bytes: scored, admitted and dispatched (see
         :meth:`infer`)."""
-        if rt is None and self._score_now is not None:  # no coroutine to score
-            scored = self._admitted(self._score_local(_score_request(
-                model, version, payload, seq, caller, remaining)), model, seq)
-        else:
+        scored = self.admit_now(model, version, payload, seq, caller, remaining, rt)
+        if scored is None:
             scored = await self.admit(model, version, payload, seq, caller, remaining, rt)
         return await self.send(raw, scored, model, seq, caller, remaining, rt, now)
+
+    def admit_now(self, model: str, version: str, payload: int,
+                  seq: tuple[int | str, bool, bool] | None, caller: Caller,
+                  remaining: float | None, rt: RequestTrace | None) -> Scored | None:
+        """:meth:`admit` without a coroutine, for an untraced request to a scorer in this
+        process (a coroutine per request costs the hot path a few microseconds in place);
+        None otherwise."""
+        if rt is not None or self._score_now is None:
+            return None
+        return self._admitted(self._score_local(_score_request(
+            model, version, payload, seq, caller, remaining)), model, seq)
 
     async def admit(self, model: str, version: str, payload: int,
                     seq: tuple[int | str, bool, bool] | None, caller: Caller,
@@ -303,11 +316,7 @@ class Gateway:
         :class:`RouterError`, counted).  The decision holds admission slots until its outcome
         is reported: :meth:`send` or :meth:`send_http` does, or :meth:`abandon`."""
         request = _score_request(model, version, payload, seq, caller, remaining)
-        if rt is None and self._score_now is not None:
-            scored = self._score_local(request)
-        else:
-            scored = await self.score(request, rt)
-        return self._admitted(scored, model, seq)
+        return self._admitted(await self.score(request, rt), model, seq)
 
     def _admitted(self, scored: Scored, model: str,
                   seq: tuple[int | str, bool, bool] | None) -> Scored:

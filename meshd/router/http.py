@@ -378,16 +378,13 @@ class HttpService:
             # validation (meshd.router.known): seen before, neither parsed nor validated.
             # (A JSON-only body carries its data in the header: never the same twice.)
             key = (model, version, body[:head], len(body)) if 0 < head < len(body) else None
-            known = gw.known.get(key) if key is not None else None
-            if known is not None and known.schema is gw.schemas.cached(model, version, now):
+            known = gw.current(gw.known.get(key)) if key is not None else None
+            if known is not None:
                 payload, remaining = known.payload, known.timeout
                 raw: bytes | None = None
             else:
                 try:
-                    if head:
-                        raw, req, plan = tensors.infer_request(model, version, body, head)
-                    else:
-                        raw, req, plan = await self._raw_request(model, version, body)
+                    raw, req, plan = await self._converted(model, version, body, head)
                 except BadRequest as exc:
                     c.invalid += 1
                     if rt is not None:
@@ -409,7 +406,9 @@ class HttpService:
                     return self._rendered(reply, plan, rt)
                 if key is not None and schema.data_free:
                     gw.known.put(key, Known(model, version, payload, schema, remaining))
-            scored = await gw.admit(model, version, payload, None, caller, remaining, rt)
+            scored = gw.admit_now(model, version, payload, None, caller, remaining, rt)
+            if scored is None:
+                scored = await gw.admit(model, version, payload, None, caller, remaining, rt)
             if all(t.http for t in scored.targets):
                 got = await gw.send_http(request.rel_url.raw_path, body,
                                          _forwarded(request.headers), scored, caller,
@@ -421,10 +420,7 @@ class HttpService:
             # A replica without an HTTP endpoint: the request goes over gRPC, converted.
             if raw is None:
                 try:
-                    if head:
-                        raw, req, plan = tensors.infer_request(model, version, body, head)
-                    else:
-                        raw, req, plan = await self._raw_request(model, version, body)
+                    raw, req, plan = await self._converted(model, version, body, head)
                 except BaseException:
                     gw.abandon(scored, "INTERNAL")
                     raise
@@ -463,6 +459,14 @@ class HttpService:
             return web.Response(body=body, headers={
                 "Content-Type": "application/octet-stream", INFER_HEADER: str(out_head)})
         return web.Response(body=body, headers={"Content-Type": _JSON})
+
+    async def _converted(self, model: str, version: str, body: bytes, head: int
+                         ) -> tuple[bytes, service_pb2.ModelInferRequest, tensors.OutputPlan]:
+        """The body as a gRPC request (BadRequest when it is not one): a JSON header
+        (``head`` bytes) and its binary data, or Triton's raw binary request (``head`` 0)."""
+        if head:
+            return tensors.infer_request(model, version, body, head)
+        return await self._raw_request(model, version, body)
 
     async def _raw_request(self, model: str, version: str, body: bytes
                            ) -> tuple[bytes, service_pb2.ModelInferRequest, tensors.OutputPlan]:

@@ -69,7 +69,7 @@ class KServeService:
     def __init__(self, gateway: Gateway, auth: ClientAuth) -> None:
         self.gateway = gateway
         self.auth = auth
-        self._callers: dict[tuple[Any, ...], tuple[dict[str, str], Caller]] = {}
+        self._callers: dict[tuple[Any, ...], Caller] = {}
         """Callers by their metadata, where that alone decides who they are (no client
         certificate to check): a client sends the same metadata on every call."""
 
@@ -120,8 +120,8 @@ class KServeService:
         failed request when ``counted``) for a caller the router does not accept."""
         raw = context.invocation_metadata() or ()
         hit = self._callers.get(raw)
-        if hit is not None and hit[0] is self.auth.tokens:
-            return hit[1]
+        if hit is not None:
+            return hit
         md = {k: v for k, v in raw if isinstance(v, str)}
         try:
             tenant = self.auth.tenant(md, context)
@@ -135,7 +135,7 @@ class KServeService:
             callers = self._callers
             if len(callers) >= 256:
                 callers.clear()
-            callers[raw] = (self.auth.tokens, caller)
+            callers[raw] = caller
         return caller
 
     # --- inference ----------------------------------------------------------------------------

@@ -47,7 +47,7 @@ class LocalScoring:
         self.clock = clock
 
     async def score(self, req: ScoreRequest) -> Scored:
-        return self.scorer.score(req, self.clock())
+        return self.score_now(req)
 
     def score_now(self, req: ScoreRequest) -> Scored:
         """:meth:`score` without the coroutine, for a gateway that knows its scorer is here

@@ -427,7 +427,7 @@ class TargetTable:
                       spu=spu or 0.0, spu_known=spu is not None,
                       instances=max(1, rep.instances), backlog=backlog,
                       queue_at=rep.at.get("queue", 0.0), gpu_headroom=_headroom(sig),
-                      stats=self.stats_for(rep.key), http=getattr(rep, "http", ""))
+                      stats=self.stats_for(rep.key), http=rep.http)
 
     def _pinned_here(self, rep: ReplicaState, node: str, sig: NodeSignals) -> bool:
         pin = self.pin_of(rep.model, rep.version)
