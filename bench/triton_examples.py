@@ -287,7 +287,7 @@ def meshd_router(servers: list[Any], work: Path, workers: int) -> Iterator[dict[
            "--router", grpc_url, "--router-http", http_url,
            "--router-workers", str(workers), "--data-dir", str(work), "--log-level", "warning"]
     for server in servers:
-        cmd += ["--triton", f"{server.grpc_url},metrics={server.metrics_url}"]
+        cmd += ["--triton", server.meshd_spec]  # with http=: HTTP is forwarded as it came
     work.mkdir(parents=True, exist_ok=True)
     log_file = open(work / "agent.log", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
