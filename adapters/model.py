@@ -9,7 +9,6 @@ tell its age: a queue depth is worth little once it is a second old.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 WORK_UNIT_BYTES = 32 * 1024
@@ -18,7 +17,7 @@ WORK_UNIT_BYTES = 32 * 1024
 
 def work_units(payload_bytes: int) -> int:
     """Work units of a request: at least one, so an empty payload still costs a slot."""
-    return max(1, math.ceil(payload_bytes / WORK_UNIT_BYTES))
+    return max(1, -(-payload_bytes // WORK_UNIT_BYTES))
 
 
 @dataclass(slots=True)

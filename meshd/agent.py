@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import ipaddress
 import json
 import logging
@@ -32,7 +31,7 @@ from gossip.keyring import Keyring
 from gossip.protocol import Swim
 from gossip.state import Addr, NodeMeta
 from gossip.transport import GossipTransport, family_of
-from meshd import admin, nodestate, score_api, score_link, tracing
+from meshd import admin, collector, nodestate, score_api, score_link, tracing
 from meshd.authz import Authorizer
 from meshd.control import RAFT_SECTION, ControlPlane
 from meshd.coordinates import CoordinatePlane
@@ -375,11 +374,10 @@ class Agent:
             "metrics": f"{metrics_addr[0]}:{metrics_addr[1]}" if metrics_addr else "off",
             "score": score_where, "router": router_where, "router_http": router_http_where,
             "incarnation": swim.incarnation, "roles": list(meta.roles)})
-        # What exists now lives as long as the agent: keep it out of the collector's full
-        # passes, which otherwise walk it all and hold every thread (a scrape of a large
-        # node's metrics among them) for tens of milliseconds each time.
-        gc.collect()
-        gc.freeze()
+        # What exists now lives as long as the agent: out of the collector's full passes,
+        # which otherwise walk it all and hold every thread (a scrape of a large node's
+        # metrics among them) for tens of milliseconds each time (meshd.collector).
+        collector.settle()
         self._install_signals()
         joiner = asyncio.create_task(self._join(seeds, saved))
         stopper = asyncio.create_task(self.stopping.wait())

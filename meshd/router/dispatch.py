@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 from opentelemetry.trace import SpanKind
@@ -37,6 +38,9 @@ STATUS_OF = {grpc.StatusCode.UNAVAILABLE: Status.UNAVAILABLE,
 
 Report = Callable[[str, float, Status, bool, bool], None]
 """``report(replica, latency, status, hedge, last)``."""
+Outcome = tuple[int, str, float, Status, bool, bool]
+"""``(decision id, replica, latency, status, hedge, last)``: one attempt's outcome, as a
+gateway posts it for the scorer."""
 
 
 class Failed(Exception):
@@ -76,6 +80,12 @@ def _end(span: SpanRecord | None, status: Status, details: str = "") -> None:
     if span is not None:  # OK leaves the status unset, as OTel's gRPC client spans do
         span.end("" if status == Status.OK
                  else f"{status.name}: {details}" if details else status.name)
+
+
+class Failovers(Protocol):
+    """Where failovers are counted: a request's :class:`Tally`, or the router's counters."""
+
+    failovers: int
 
 
 @dataclass(slots=True)

@@ -28,10 +28,11 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from meshd.router import statistics
+from meshd.router import http_dispatch, statistics
 from meshd.router.counters import RouterCounters
 from meshd.router.dispatch import (
     Failed,
+    Outcome,
     Report,
     Tally,
     attempt_span,
@@ -39,7 +40,7 @@ from meshd.router.dispatch import (
     dispatch_sequence,
     in_turn,
 )
-from meshd.router.http_dispatch import HttpReply, HttpUpstreams, dispatch_http, http_code
+from meshd.router.http_dispatch import HttpReply, HttpUpstreams, http_code
 from meshd.router.known import Known, KnownRequests
 from meshd.router.scoring import Scoring, ScoringUnavailable
 from meshd.router.traces import RequestTrace, RequestTracer
@@ -189,6 +190,11 @@ def _score_request(model: str, version: str, payload: int,
     return request
 
 
+FLUSH_AFTER = 0.002
+"""Seconds an attempt's outcome waits at most for the next request's scoring to carry it to
+the scorer (:meth:`Gateway._post`)."""
+
+
 def lost_sequence(sid: int | str, model: str, where: str) -> str:
     return (f"sequence {sid!r} of model '{model}' was lost: the replica that held it{where} "
             "is no longer available; start the sequence again")
@@ -217,14 +223,20 @@ class Gateway:
         self.shm: Any = None
         """System shared memory regions on this host (:class:`meshd.router.shm.Regions`), when
         the router serves them."""
-        self._outbox: list[tuple[int, str, float, Status, bool, bool]] = []
+        self._outbox: list[Outcome] = []
         """Outcomes not yet reported (:meth:`_post`)."""
+        self._flush_timer: asyncio.TimerHandle | None = None
         self.known = KnownRequests()
         """Requests validated before (:mod:`meshd.router.known`)."""
-        self._score_now: Callable[[ScoreRequest], Scored] | None = getattr(
+        self._score_now: Callable[[ScoreRequest, float], Scored] | None = getattr(
             scoring, "score_now", None)
+        """``score_now(request, now)`` of a scorer in this process (:class:`LocalScoring`),
+        whose ``now`` is this gateway's clock's."""
 
     async def close(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         self._flush()
         await self.upstreams.close()
         await self.http_upstreams.close()
@@ -244,10 +256,11 @@ class Gateway:
         key, known = self.known.key(raw)
         return key, self.current(known)
 
-    def current(self, known: Known | None) -> Known | None:
-        """``known``, while the config it was validated against is the model's in force."""
+    def current(self, known: Known | None, now: float | None = None) -> Known | None:
+        """``known``, while the config it was validated against is the model's in force
+        (``now``: the clock's, when the caller has it)."""
         if known is None or known.schema is not self.schemas.cached(
-                known.model, known.version, self.clock()):
+                known.model, known.version, self.clock() if now is None else now):
             return None
         return known
 
@@ -293,21 +306,35 @@ class Gateway:
                     remaining: float | None, rt: RequestTrace | None, now: float) -> bytes:
         """A valid request's reply bytes: scored, admitted and dispatched (see
         :meth:`infer`)."""
-        scored = self.admit_now(model, version, payload, seq, caller, remaining, rt)
+        scored = self.admit_now(model, version, payload, seq, caller, remaining, rt, now)
         if scored is None:
             scored = await self.admit(model, version, payload, seq, caller, remaining, rt)
         return await self.send(raw, scored, model, seq, caller, remaining, rt, now)
 
     def admit_now(self, model: str, version: str, payload: int,
                   seq: tuple[int | str, bool, bool] | None, caller: Caller,
-                  remaining: float | None, rt: RequestTrace | None) -> Scored | None:
+                  remaining: float | None, rt: RequestTrace | None,
+                  now: float) -> Scored | None:
         """:meth:`admit` without a coroutine, for an untraced request to a scorer in this
         process (a coroutine per request costs the hot path a few microseconds in place);
         None otherwise."""
-        if rt is not None or self._score_now is None:
+        score_now = self._score_now
+        if rt is not None or score_now is None:
             return None
-        return self._admitted(self._score_local(_score_request(
-            model, version, payload, seq, caller, remaining)), model, seq)
+        if self._outbox:
+            self._flush()
+        try:
+            scored = score_now(ScoreRequest(
+                model, version, payload, caller.tenant, caller.slo,
+                0.0 if remaining is None else remaining) if seq is None else _score_request(
+                model, version, payload, seq, caller, remaining), now)
+        except ScoreError as exc:
+            self.counters.invalid += 1
+            raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if not scored.verdict.admit:
+            return self._admitted(scored, model, seq)  # raises: shed
+        self.counters.admitted += 1
+        return scored
 
     async def admit(self, model: str, version: str, payload: int,
                     seq: tuple[int | str, bool, bool] | None, caller: Caller,
@@ -315,6 +342,8 @@ class Gateway:
         """The scorer's decision for a valid request, admitted (a shed request is a
         :class:`RouterError`, counted).  The decision holds admission slots until its outcome
         is reported: :meth:`send` or :meth:`send_http` does, or :meth:`abandon`."""
+        if self._outbox:
+            self._flush()
         request = _score_request(model, version, payload, seq, caller, remaining)
         return self._admitted(await self.score(request, rt), model, seq)
 
@@ -390,19 +419,28 @@ class Gateway:
         (:mod:`meshd.router.http_dispatch`): the replica's answer, whatever its status, or
         :class:`RouterError` when no replica gave one (counted)."""
         c = self.counters
-        report, hedge_to = self._reporter(scored)
-        tally = Tally()
+        deadline = None if remaining is None else now + remaining
+        targets = scored.targets
         try:
-            reply = await dispatch_http(
-                path, body, headers, scored.targets, scored.hedge_after,
-                upstreams=self.http_upstreams, report=report, clock=self.clock,
-                deadline=None if remaining is None else now + remaining,
-                metadata=caller.passed, tally=tally, hedge_to=hedge_to, trace=rt)
+            if scored.hedge_after <= 0 or len(targets) < 2:
+                # No hedge: straight to the attempts, no closure or tally of its own.
+                reply = await http_dispatch.in_turn(  # positional: the request path's call
+                    path, body, headers, targets, self.http_upstreams, scored.decision_id,
+                    self._post, self.clock, deadline, caller.passed, c, rt)
+            else:
+                report, hedge_to = self._reporter(scored)
+                tally = Tally()
+                try:
+                    reply = await http_dispatch.hedged(
+                        path, body, headers, targets, scored.hedge_after,
+                        upstreams=self.http_upstreams, report=report, clock=self.clock,
+                        deadline=deadline, metadata=caller.passed, tally=tally,
+                        hedge_to=hedge_to, trace=rt)
+                finally:
+                    self._tally(tally)
         except Failed as exc:
             self.failed(exc.code.name)
             raise RouterError(exc.code, exc.details) from None
-        finally:
-            self._tally(tally)
         if reply.status < 400:
             c.completed += 1
         else:
@@ -416,33 +454,26 @@ class Gateway:
             c.hedge_won += tally.hedge_won
             c.failovers += tally.failovers
 
-    def _post(self, outcome: tuple[int, str, float, Status, bool, bool]) -> None:
-        """Report an attempt's outcome once the loop is done with what is ready now: the
-        reply goes out first, and the outcomes of the requests that ended together reach
-        the scorer together (one callback, its code warm for all but the first: each took
-        about 20 us on its own, measured in place)."""
-        box = self._outbox
-        box.append(outcome)
-        if len(box) == 1:
-            asyncio.get_running_loop().call_soon(self._flush)
+    def _post(self, outcome: Outcome) -> None:
+        """Hold an attempt's outcome until the next request is scored, which reports it
+        first (:meth:`_flush`), or until ``FLUSH_AFTER`` passes without one.  The scorer
+        then counts it before the decision it bears on, and the reports reach it together,
+        its code and tables warm from one to the next: reported one by one, in a callback
+        each, they cost the router several times as much in place (``bench/router_overhead``,
+        HTTP at concurrency 16)."""
+        self._outbox.append(outcome)
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(FLUSH_AFTER,
+                                                                      self._flush_due)
+
+    def _flush_due(self) -> None:
+        self._flush_timer = None
+        if self._outbox:
+            self._flush()
 
     def _flush(self) -> None:
         box, self._outbox = self._outbox, []
-        report = self.scoring.report
-        for did, replica, latency, status, hedge, last in box:
-            try:
-                report(did, replica, latency, status, hedge=hedge, last=last)
-            except Exception:  # noqa: BLE001 - one bad report must not strand the others
-                log.exception("report failed", extra={"event": "report_failed"})
-
-    def _score_local(self, req: ScoreRequest) -> Scored:
-        """:meth:`score` for an untraced request to a scorer in this process: no coroutine."""
-        assert self._score_now is not None
-        try:
-            return self._score_now(req)
-        except ScoreError as exc:
-            self.counters.invalid += 1
-            raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        self.scoring.report_all(box)
 
     async def score(self, req: ScoreRequest, rt: RequestTrace | None) -> Scored:
         """The scorer's decision (a "score" span of ``rt`` when traced)."""

@@ -22,6 +22,7 @@ those miss, and the table's bound keeps them from crowding it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshd.router.validate import ModelSchema
@@ -122,6 +123,9 @@ class KnownRequests:
     def __init__(self, size: int = 512) -> None:
         self.size = size
         self._known: dict[object, Known] = {}
+        self.get: Callable[[object], Known | None] = self._known.get
+        """What is known under a key (the table's own ``get``: no call of ours on the
+        request path)."""
         self._shapes: dict[int, tuple[int, tuple[int, ...]]] = {}
         """Message length -> where the tensors began and their lengths, in the last request
         of that length seen with a key: the same client's next request is most likely laid
@@ -151,8 +155,6 @@ class KnownRequests:
     def __len__(self) -> int:
         return len(self._known)
 
-    def get(self, key: object) -> Known | None:
-        return self._known.get(key)
 
     def put(self, key: object, known: Known) -> None:
         table = self._known

@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
 from meshd import score_link
+from meshd.router.dispatch import Outcome
 from meshd.router.scoring import ScoringUnavailable
 from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
 from meshd.score_api import choice_of, scored_of
@@ -162,6 +164,10 @@ class RemoteScoring:
         self._outcomes.append(score_pb2.OutcomeReport(
             decision_id=decision_id, replica=replica, latency_seconds=latency,
             status=int(status), hedge=hedge, last=last))  # type: ignore[arg-type]
+
+    def report_all(self, outcomes: Sequence[Outcome]) -> None:
+        for did, replica, latency, status, hedge, last in outcomes:
+            self.report(did, replica, latency, status, hedge=hedge, last=last)
 
     def _flush(self) -> None:
         outcomes, self._outcomes = self._outcomes, []

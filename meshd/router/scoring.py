@@ -9,10 +9,14 @@ the remote ones are, and an in-process coroutine costs about a microsecond.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from meshd.router.dispatch import Outcome
 from meshd.score.scorer import Choice, Scored, Scorer, ScoreRequest, Status
+
+log = logging.getLogger("meshd.router")
 
 
 class ScoringUnavailable(Exception):
@@ -26,6 +30,9 @@ class Scoring(Protocol):
     def report(self, decision_id: int, replica: str, latency: float, status: Status, *,
                hedge: bool = False, last: bool = False) -> None:
         """How one attempt ended.  Never waits: the router does not hold a reply for it."""
+
+    def report_all(self, outcomes: Sequence[Outcome]) -> None:
+        """:meth:`report` of each outcome, in order (one that fails is logged, the rest go)."""
 
     async def hedge_target(self, decision_id: int, replica: str) -> Choice | None:
         """Where the hedge of a request waiting at ``replica`` should go now, or None."""
@@ -47,17 +54,25 @@ class LocalScoring:
         self.clock = clock
 
     async def score(self, req: ScoreRequest) -> Scored:
-        return self.score_now(req)
+        return self.score_now(req, self.clock())
 
-    def score_now(self, req: ScoreRequest) -> Scored:
+    def score_now(self, req: ScoreRequest, now: float) -> Scored:
         """:meth:`score` without the coroutine, for a gateway that knows its scorer is here
         (a coroutine per request costs the hot path a few microseconds in place)."""
-        return self.scorer.score(req, self.clock())
+        return self.scorer.score(req, now)
 
     def report(self, decision_id: int, replica: str, latency: float, status: Status, *,
                hedge: bool = False, last: bool = False) -> None:
         self.scorer.report(decision_id, replica, latency, status, self.clock(), hedge=hedge,
                            last=last)
+
+    def report_all(self, outcomes: Sequence[Outcome]) -> None:
+        report, now = self.scorer.report, self.clock()
+        for did, replica, latency, status, hedge, last in outcomes:
+            try:
+                report(did, replica, latency, status, now, hedge=hedge, last=last)
+            except Exception:  # noqa: BLE001 - one bad report must not strand the others
+                log.exception("report failed", extra={"event": "report_failed"})
 
     async def hedge_target(self, decision_id: int, replica: str) -> Choice | None:
         return self.scorer.hedge_target(decision_id, replica, self.clock())

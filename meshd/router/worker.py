@@ -31,7 +31,7 @@ from certs import tls
 from certs.identity import Identity, IdentityError
 from certs.revocation import Revocations
 from certs.verify import PeerVerifier
-from meshd import logs, tracing
+from meshd import collector, logs, tracing
 from meshd.router import server as router_server
 from meshd.router.auth import TokenFileError
 from meshd.router.remote_scoring import RemoteScoring
@@ -118,6 +118,7 @@ async def run(args: argparse.Namespace) -> int:
     traces = tracing.setup("meshd", args.node)
     router.tracer = request_tracer(traces)
     life = f"{args.node}/{os.getpid()}/{int(loop.time() * 1000)}"
+    collector.settle()
     log.info("router worker started", extra={"event": "router_worker_started",
                                               "router": where, "worker": life})
     stop = asyncio.Event()

@@ -92,9 +92,11 @@ class TenantGate:
         self._no_quota: dict[str, int] = {}
         """Tenants with no quota -> the policy version that said so."""
 
-    def state(self, tenant: str, now: float) -> TenantState:
+    def state(self, tenant: str, now: float, version: int | None = None) -> TenantState:
+        """The tenant's state at policy ``version`` (None: ``version()``, asked now)."""
         st = self._tenants.get(tenant)
-        version = self.version()
+        if version is None:
+            version = self.version()
         if st is not None and st.version == version:
             return st
         if self._no_quota.get(tenant) == version:

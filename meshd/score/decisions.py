@@ -65,6 +65,19 @@ class Decisions:
         self._next += 1
         return i
 
+    def open(self, model: str, tenant: TenantState, model_gate: ModelGate,
+             first: TargetStats | None, first_key: str,
+             predicted: dict[str, tuple[float, float]], units: int, started: float,
+             expires: float) -> Decision:
+        """A new decision with the next id, added (one call on the scoring path for
+        ``Decision(next_id(), ...)`` and :meth:`add`)."""
+        i = self._next
+        self._next = i + 1
+        d = Decision(i, model, tenant, model_gate, first, first_key, predicted, units, started,
+                     expires)
+        self.add(d)
+        return d
+
     def add(self, d: Decision) -> None:
         self._open[d.id] = d
         heap = self._heap

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from adapters.model import work_units
+from adapters.model import WORK_UNIT_BYTES, work_units
 from meshd.fused import FusedState
 from meshd.score.admission import ADMIT, ModelGate, TenantGate, Verdict, priority_share
 from meshd.score.budget import HedgeBudget
@@ -45,7 +45,7 @@ from meshd.score.sequences import SequenceTable, rendezvous
 from meshd.score.shadow import ShadowStats
 from meshd.score.strategies import FALLBACK, default_registry
 from meshd.score.strategy import Context, Registry, Strategy
-from meshd.score.target import Target, TargetStats, TargetTable, predict_all
+from meshd.score.target import ModelTargets, Target, TargetStats, TargetTable, predict_all
 
 STRATEGY_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3)
 """Upper bounds (seconds) of the per-strategy decision-time histogram."""
@@ -187,6 +187,21 @@ class ModelState:
     ratio: float
 
 
+@dataclass(slots=True)
+class _Lane:
+    """What scoring a request for one model looks up - its routing policy, its targets, its
+    admission state - as of one policy version and one generation of the fused view, until
+    the table's refresh is due: one check a request instead of a lookup each (each a few
+    tables the request path would otherwise walk, cold, every time)."""
+
+    policy: int
+    generation: int
+    until: float
+    routing: RoutingConfig
+    targets: ModelTargets
+    state: ModelState
+
+
 _INF = float("inf")
 _SHARES = tuple(priority_share(p) for p in range(10))
 """``priority_share`` by priority 0..9."""
@@ -274,6 +289,7 @@ class Scorer:
         self._models: dict[str, ModelState] = {}
         self._strategies: dict[str, Strategy | None] = {}
         self._routing: dict[str, tuple[int, RoutingConfig]] = {}
+        self._lanes: dict[str, _Lane] = {}
 
     # --- policy lookups ----------------------------------------------------------------------
 
@@ -302,6 +318,16 @@ class Scorer:
             gate = ms.gate if ms is not None else ModelGate()
             ms = self._models[model] = ModelState(gate, budget, routing.hedge_budget)
         return ms
+
+    def _lane(self, model: str, policy: int, now: float) -> _Lane:
+        routing = self.routing(model)
+        table = self.table.targets(model, now)
+        lane = _Lane(policy, table.generation[0], table.built + self.config.table_refresh,
+                     routing, table, self._model(model, routing))
+        if len(self._lanes) >= 4096:
+            self._lanes.clear()
+        self._lanes[model] = lane
+        return lane
 
     def strategy(self, name: str) -> Strategy | None:
         if name not in self._strategies:
@@ -403,7 +429,7 @@ class Scorer:
     def score(self, req: ScoreRequest, now: float) -> Scored:
         if now >= self.decisions.due:
             self.decisions.sweep(now)
-        if self.sequences:
+        if self.sequences.records:
             self.sequences.sweep(now)
         model = req.model
         if not model or len(model) > MAX_TEXT:
@@ -414,11 +440,27 @@ class Scorer:
             raise ScoreError("deadline", "must be a finite number of seconds >= 0")
         if not deadline:
             deadline = slo["deadline_ms"] / 1000 if slo else None
-        routing = self.routing(model)
+        policy = self.policy_version()
+        lane = self._lanes.get(model)
+        if (lane is None or lane.policy != policy or lane.generation != self.fused.generation
+                or now >= lane.until):
+            lane = self._lane(model, policy, now)
+        routing = lane.routing
         if req.sequence:
             return self._score_sequence(req, slo, deadline, routing, now)
-        units = work_units(req.payload_bytes)
-        targets, degraded = self.candidates(req, routing, now, units)
+        payload = req.payload_bytes  # work_units(payload), without the call
+        units = -(-payload // WORK_UNIT_BYTES) if payload > WORK_UNIT_BYTES else 1
+        table = lane.targets
+        fresh = table.oldest_queue
+        if fresh > 0 and fresh >= now - routing.stale_after and not req.revision \
+                and not req.exclude:  # candidates(), its common case without the call
+            eligible = table.eligible
+            # A copy where admission may reorder it (_sent); one target stays where it is.
+            targets = eligible if len(eligible) == 1 else eligible.copy()
+            predict_all(targets, units, now)
+            degraded = False
+        else:
+            targets, degraded = self.candidates(req, routing, now, units)
         counters = self.counters
         if not targets:
             counters.shed["no_targets"] += 1
@@ -433,16 +475,16 @@ class Scorer:
             if routing.shadow is not None:
                 self._shadow(model, ranked, targets, ctx)
         counters.decisions[used] += 1
-        tenant = self.tenants.state(req.tenant, now)
+        tenant = self.tenants.state(req.tenant, now, policy)
         priority = slo["shed_priority"] if slo else tenant.priority
+        ms = lane.state
         verdict, first = self._admit_targets(req, ranked, targets, tenant, priority, deadline,
-                                             routing, now)
+                                             routing, now, ms)
         if not verdict.admit:
             counters.shed[verdict.reason] += 1
             return Scored([_choice(t) for t in ranked], verdict, strategy=used,
                           degraded=degraded)
         assert first is not None
-        ms = self._models[req.model]
         delay = 0.0
         if req.idempotent and len(ranked) > 1 and (slo is None or slo["hedging"]):
             if ms.budget.tokens >= 1:
@@ -455,15 +497,21 @@ class Scorer:
                 counters.hedge_budget_exhausted[req.model] += 1
         ms.budget.on_request()
         stats = first.stats
-        stats.units_per_request += 0.1 * (units - stats.units_per_request)
+        upr = stats.units_per_request
+        if units != upr:  # unchanged, the float object stays (predict_all's cache compares it)
+            stats.units_per_request = upr + 0.1 * (units - upr)
         c = 1 / stats.correction
-        d = Decision(self.decisions.next_id(), req.model, tenant, ms.gate, stats, first.key,
-                     {t.key: (t.rtt, (t.p_queue + t.p_service) * c) for t in ranked},
-                     units, now, now + (deadline or self.config.decision_ttl)
-                     + self.config.expiry_grace)
-        self.decisions.add(d)
+        if len(ranked) == 1:  # no comprehension (a function call each) for the common case
+            predicted = {first.key: (first.rtt, (first.p_queue + first.p_service) * c)}
+            choices = [_choice(first)]
+        else:
+            predicted = {t.key: (t.rtt, (t.p_queue + t.p_service) * c) for t in ranked}
+            choices = [_choice(t) for t in ranked]
+        d = self.decisions.open(model, tenant, ms.gate, stats, first.key, predicted, units, now,
+                                now + (deadline or self.config.decision_ttl)
+                                + self.config.expiry_grace)
         self.fused.observe_start(first.key, now)
-        return Scored([_choice(t) for t in ranked], ADMIT, delay, d.id, used, degraded)
+        return Scored(choices, ADMIT, delay, d.id, used, degraded)
 
     def _score_sequence(self, req: ScoreRequest, slo: dict[str, Any] | None,
                         deadline: float | None, routing: RoutingConfig,
@@ -556,21 +604,33 @@ class Scorer:
 
     def _admit_targets(self, req: ScoreRequest, ranked: list[Target], targets: list[Target],
                        tenant: Any, priority: int, deadline: float | None,
-                       routing: RoutingConfig, now: float) -> tuple[Verdict, Target | None]:
+                       routing: RoutingConfig, now: float,
+                       ms: ModelState | None = None) -> tuple[Verdict, Target | None]:
         """Admission for a scored request; on success ``ranked[0]`` is the target whose slot
         was taken (moved to the front if a better-ranked one was full)."""
         if deadline is not None and min(t.p_seconds for t in ranked) > deadline:
             return Verdict(False, "deadline", self._drain(ranked)), None
-        v = self.tenants.check(tenant, now)
-        if not v.admit:
-            lo, hi = self.config.retry_after_bounds
-            return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), None
+        if tenant.concurrency is None and tenant.bucket is None:
+            tenant.inflight += 1  # no quota to check (TenantGate.check, without the call)
+        else:
+            v = self.tenants.check(tenant, now)
+            if not v.admit:
+                lo, hi = self.config.retry_after_bounds
+                return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), None
         share = _SHARES[priority] if 0 <= priority <= 9 else priority_share(priority)
-        ms = self._model(req.model, routing)
-        capacity = _capacity(targets, share, ms.gate.inflight, self.limiter.min_limit)
-        if not ms.gate.try_acquire(capacity, routing.max_concurrency):
+        if ms is None:
+            ms = self._model(req.model, routing)
+        gate = ms.gate
+        capacity = _capacity(targets, share, gate.inflight, self.limiter.min_limit)
+        if not gate.try_acquire(capacity, routing.max_concurrency):
             self.tenants.release(tenant)
             return Verdict(False, "model_limit", self._drain(ranked)), None
+        first = ranked[0]
+        limit = first.stats.limit
+        if limit.inflight < limit.limit * share:  # the best target has room (the usual case)
+            limit.inflight += 1
+            first.stats.sent(now)
+            return ADMIT, first
         # The best target with room, among those predicted to be nearly as quick as the best:
         # a full fast replica must not overflow onto one predicted to take many times longer
         # (bench/routing: the 5x replica's queue, filled that way, set the p99).  Failing
@@ -637,7 +697,7 @@ class Scorer:
         decision is unknown (expired, or 0 for a request routed on WatchTargets weights): the
         target still learns from the outcome."""
         ok = status == Status.OK
-        if not math.isfinite(latency) or latency < 0:
+        if not 0.0 <= latency < _INF:  # NaN, infinite or negative: no sample
             latency = math.nan
         counters = self.counters
         counters.outcomes[_STATUS_NAMES[status]] += 1
@@ -647,19 +707,26 @@ class Scorer:
             stats.outcomes += 1
             if hedge and d is not None and d.hedge_key == replica:
                 self._hedge_ended(d)
+            first = d is not None and d.first_key == replica
             if ok and latency == latency:
                 stats.latency.add(latency)
-                self._time_attempt(d, replica, latency)
+                timing = stats.attempts
+                if first and timing is not None:  # the target it was scored on: its model's
+                    timing.observe(latency)
+                else:
+                    self._time_attempt(d, replica, latency)
             elif not ok and status != Status.CANCELLED:
                 stats.failures += 1
-            started = d is not None and d.first_open and d.first_key == replica
+            started = first and d is not None and d.first_open
             sent_at = now - latency if latency == latency else now
             if status == Status.CANCELLED:
                 stats.cancelled(sent_at)
                 if started:
                     self.fused.observe_end(replica)
             else:
-                stats.answered(now, sent_at)
+                stats.waiting_since = now  # TargetStats.answered(now, sent_at), inline
+                if stats.orphans:
+                    stats.answered(now, sent_at)
                 self.fused.observe_outcome(replica, latency, ok, now, started=started)
         pred = d.predicted.get(replica) if d is not None else None
         if pred is None and stats is not None and ok:
@@ -667,12 +734,19 @@ class Scorer:
             if target is not None:
                 pred = target.work(stats.units_per_request)
         if stats is not None and ok and latency == latency and pred is not None and pred[1] > 0:
-            ratio = max(0.0, latency - pred[0]) / pred[1]
+            # ratio = measured / predicted queue + service, clamped to the bounds and to one
+            # step either way of the correction now (written out: no min/max calls)
+            waited = latency - pred[0]
+            ratio = (waited if waited > 0.0 else 0.0) / pred[1]
             cfg = self.config
             lo, hi = cfg.correction_bounds
             c = stats.correction
-            lo, hi = max(lo, c / cfg.correction_step), min(hi, c * cfg.correction_step)
-            ratio = min(hi, max(lo, ratio))
+            step = cfg.correction_step
+            if c / step > lo:
+                lo = c / step
+            if c * step < hi:
+                hi = c * step
+            ratio = hi if ratio > hi else lo if ratio < lo else ratio
             stats.correction = c + cfg.correction_weight * (ratio - c)
         if d is None:
             if decision_id:  # 0: a client balancing on WatchTargets weights, no decision
@@ -723,8 +797,11 @@ class Scorer:
             self.fused.observe_end(d.first_key)
         if d.hedge_key:  # its hedge's outcome never came (a router that went away)
             self._hedge_ended(d)
-        d.model_gate.release()
-        self.tenants.release(d.tenant)
+        gate, tenant = d.model_gate, d.tenant  # ModelGate / TenantGate.release, inline
+        if gate.inflight > 0:
+            gate.inflight -= 1
+        if tenant.inflight > 0:
+            tenant.inflight -= 1
 
     def _hedge_ended(self, d: Decision) -> None:
         """The hedge :meth:`hedge_target` counted for ``d`` no longer loads its target."""

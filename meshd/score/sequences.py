@@ -77,38 +77,39 @@ class SequenceTable:
     def __init__(self, idle: float = IDLE, capacity: int = CAPACITY) -> None:
         self.idle = idle
         self.capacity = capacity
-        self._records: OrderedDict[str, Record] = OrderedDict()
+        self.records: OrderedDict[str, Record] = OrderedDict()
+        """Sequence key -> record, least recently used first."""
         self.evicted = 0
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self.records)
 
     def get(self, key: str, now: float) -> Record | None:
         """The sequence's record, or None (never seen here, ended, or idle too long)."""
-        rec = self._records.get(key)
+        rec = self.records.get(key)
         if rec is None:
             return None
         if now - rec.seen > self.idle:
-            del self._records[key]
+            del self.records[key]
             return None
         rec.seen = now
-        self._records.move_to_end(key)
+        self.records.move_to_end(key)
         return rec
 
     def put(self, key: str, replica: str, node: str, endpoint: str, now: float) -> None:
-        self._records[key] = Record(replica, node, endpoint, now)
-        self._records.move_to_end(key)
-        while len(self._records) > self.capacity:
-            self._records.popitem(last=False)
+        self.records[key] = Record(replica, node, endpoint, now)
+        self.records.move_to_end(key)
+        while len(self.records) > self.capacity:
+            self.records.popitem(last=False)
             self.evicted += 1
 
     def end(self, key: str) -> None:
         """The sequence ended (its END was answered, or it was lost)."""
-        self._records.pop(key, None)
+        self.records.pop(key, None)
 
     def sweep(self, now: float) -> None:
         """Drop records idle longer than ``idle`` (oldest first: the dict is in use order)."""
-        records = self._records
+        records = self.records
         while records:
             key, rec = next(iter(records.items()))
             if now - rec.seen <= self.idle:
