@@ -149,9 +149,9 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
         pending.clear()
 
     if hedge_after <= 0 or len(queue) < 2:
-        return await in_turn(raw, method, queue, upstreams=upstreams, report=report,
-                              clock=clock, deadline=deadline, metadata=metadata, tally=tally,
-                              trace=trace)
+        return await in_turn(raw, method, queue, upstreams, 0,
+                             lambda outcome: report(*outcome[1:]), clock, deadline, metadata,
+                             tally, trace)
     start(False)
     hedge_at: float | None = clock() + hedge_after
     try:
@@ -262,26 +262,55 @@ def _answered(report: Report, clock: Callable[[], float], choice: Choice,
     return tried.reply
 
 
-async def in_turn(raw: bytes, method: str, queue: Sequence[Choice], *, upstreams: Upstreams,
-                  report: Report, clock: Callable[[], float], deadline: float | None,
-                  metadata: Sequence[tuple[str, str]], tally: Tally,
-                  trace: RequestTrace | None) -> bytes:
-    """No hedge: one attempt at a time, the next only after a failover error.  Awaits each
-    call directly (no task, no wait set): the common path, and the cheapest."""
+async def in_turn(raw: bytes, method: str, queue: Sequence[Choice], upstreams: Upstreams,
+                  decision: int, post: Callable[[Outcome], None], clock: Callable[[], float],
+                  deadline: float | None, metadata: Sequence[tuple[str, str]],
+                  counts: Failovers, trace: RequestTrace | None) -> bytes:
+    """No hedge: one attempt at a time, the next only after a failover error, each outcome
+    posted as ``decision``'s.  The request path of almost every unary request, so it is one
+    coroutine with the attempt written out in place (:func:`_try` is the same attempt for
+    sequences): no task, no wait set, no coroutine or record per attempt."""
     last: tuple[grpc.StatusCode, str] = (grpc.StatusCode.UNAVAILABLE,
                                          "no target could be tried")
+    final = len(queue) - 1
     for i, choice in enumerate(queue):
-        tally.failovers += i > 0
-        tried = await _try(raw, method, choice, i, upstreams=upstreams, report=report,
-                           clock=clock, deadline=deadline, metadata=metadata, trace=trace)
-        if tried.reply is not None:
-            return _answered(report, clock, choice, tried)
-        code, details = tried.code, tried.details
-        final = code not in FAILOVER_CODES or i == len(queue) - 1
-        report(choice.replica, clock() - tried.started, tried.status, False, final)
-        if code not in FAILOVER_CODES:
-            raise Failed(code, details)
-        last = (code, details)
+        started = clock()
+        if deadline is not None and started >= deadline:
+            post((decision, "", 0.0, Status.TIMEOUT, False, True))
+            raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"deadline exceeded after trying {i} replica(s)")
+        if i:
+            counts.failovers += 1
+        span, md = (None, metadata) if trace is None else attempt_span(trace, choice, False,
+                                                                       metadata)
+        call = upstreams.unary(choice.endpoint, method)(
+            raw, timeout=None if deadline is None else deadline - started,
+            metadata=md or None)
+        try:
+            reply: bytes = await call
+        except asyncio.CancelledError:  # the client went away
+            call.cancel()
+            post((decision, choice.replica, clock() - started, Status.CANCELLED, False, True))
+            _end(span, Status.CANCELLED)
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified here, never swallowed
+            code, details = _error(exc)
+            status = STATUS_OF.get(code, Status.ERROR)
+            _end(span, status, f"{code.name}: {details}")
+            retry = code in FAILOVER_CODES
+            post((decision, choice.replica, clock() - started, status, False,
+                  not retry or i == final))
+            if not retry:
+                raise Failed(code, details) from None
+            last = (code, details)
+            continue
+        # The reply goes back first; the outcome is the gateway's to report once it is.
+        post((decision, choice.replica, clock() - started, Status.OK, False, True))
+        if span is not None:
+            _end(span, Status.OK)
+        return reply
+    if not queue:
+        post((decision, "", 0.0, Status.ERROR, False, True))
     raise Failed(last[0], last[1])  # the last replica's own words, as Triton gave them
 
 

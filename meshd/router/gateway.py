@@ -382,17 +382,22 @@ class Gateway:
         """Dispatch an admitted request over gRPC: the reply bytes, or :class:`RouterError`
         (counted)."""
         c = self.counters
+        deadline = None if remaining is None else now + remaining
+        if seq is None and (scored.hedge_after <= 0 or len(scored.targets) < 2):
+            # No hedge: straight to the attempts, no closure or tally of its own.
+            try:
+                reply = await in_turn(raw, "ModelInfer", scored.targets, self.upstreams,
+                                      scored.decision_id, self._post, self.clock, deadline,
+                                      caller.passed, c, rt)
+            except Failed as exc:
+                self.failed(exc.code.name)
+                raise RouterError(exc.code, exc.details) from None
+            c.completed += 1
+            return reply
         report, hedge_to = self._reporter(scored)
         tally = Tally()
-        deadline = None if remaining is None else now + remaining
         try:
-            if seq is None and (scored.hedge_after <= 0 or len(scored.targets) < 2):
-                # No hedge: attempts in turn, without dispatch's coroutine in between.
-                reply = await in_turn(raw, "ModelInfer", scored.targets,
-                                      upstreams=self.upstreams, report=report,
-                                      clock=self.clock, deadline=deadline,
-                                      metadata=caller.passed, tally=tally, trace=rt)
-            elif seq is None:
+            if seq is None:
                 reply = await dispatch(raw, "ModelInfer", scored.targets, scored.hedge_after,
                                        upstreams=self.upstreams, report=report,
                                        clock=self.clock, deadline=deadline,

@@ -75,7 +75,13 @@ class Decisions:
         self._next = i + 1
         d = Decision(i, model, tenant, model_gate, first, first_key, predicted, units, started,
                      expires)
-        self.add(d)
+        opened = self._open
+        opened[i] = d
+        heapq.heappush(self._heap, (expires, i))
+        if expires < self.due:
+            self.due = expires
+        if len(opened) > self.max_open or len(self._heap) > 2 * len(opened) + 1024:
+            self._bound()
         return d
 
     def add(self, d: Decision) -> None:
@@ -84,9 +90,14 @@ class Decisions:
         heapq.heappush(heap, (d.expires, d.id))
         if d.expires < self.due:
             self.due = d.expires
+        if len(self._open) > self.max_open or len(heap) > 2 * len(self._open) + 1024:
+            self._bound()
+
+    def _bound(self) -> None:
+        """Too many open (the oldest expire) or too many closed ones' heap entries left."""
         if len(self._open) > self.max_open:
             self._expire_oldest()
-        elif len(heap) > 2 * len(self._open) + 1024:
+        else:
             self._compact()
 
     def _compact(self) -> None:

@@ -727,7 +727,7 @@ class Scorer:
                 stats.waiting_since = now  # TargetStats.answered(now, sent_at), inline
                 if stats.orphans:
                     stats.answered(now, sent_at)
-                self.fused.observe_outcome(replica, latency, ok, now, started=started)
+                self.fused.observe_outcome(replica, latency, ok, now, started)
         pred = d.predicted.get(replica) if d is not None else None
         if pred is None and stats is not None and ok:
             target = self.table.by_key.get(replica)
@@ -772,7 +772,14 @@ class Scorer:
             self.decisions.close(d.id)
             self._release(d)
             if ok:
-                _observe(counters.requests, d.model, now - d.started)
+                timing = counters.requests.get(d.model)
+                if timing is None:
+                    _observe(counters.requests, d.model, now - d.started)
+                else:  # Timing.observe, inline
+                    took = now - d.started
+                    timing.count += 1
+                    timing.total += took
+                    timing.buckets[bisect.bisect_left(timing.bounds, took)] += 1
         return True
 
     def _time_attempt(self, d: Decision | None, replica: str, latency: float) -> None:
