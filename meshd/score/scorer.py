@@ -621,10 +621,17 @@ class Scorer:
         if ms is None:
             ms = self._model(req.model, routing)
         gate = ms.gate
-        capacity = _capacity(targets, share, gate.inflight, self.limiter.min_limit)
-        if not gate.try_acquire(capacity, routing.max_concurrency):
+        inflight = gate.inflight
+        # _capacity(), whose lower bound is the verdict while in flight is below it, and
+        # ModelGate.try_acquire, inline
+        capacity = share * MODEL_HEADROOM * self.limiter.min_limit * len(targets)
+        if inflight >= capacity:
+            capacity = _capacity(targets, share, inflight, self.limiter.min_limit)
+        cap = routing.max_concurrency
+        if inflight >= capacity or (cap is not None and inflight >= cap):
             self.tenants.release(tenant)
             return Verdict(False, "model_limit", self._drain(ranked)), None
+        gate.inflight = inflight + 1
         first = ranked[0]
         limit = first.stats.limit
         if limit.inflight < limit.limit * share:  # the best target has room (the usual case)
@@ -770,7 +777,14 @@ class Scorer:
                 self.sequences.end(d.sequence)
         if last:
             self.decisions.close(d.id)
-            self._release(d)
+            if d.first_open or d.hedge_key:
+                self._release(d)
+            else:  # what _release does for the usual decision, inline
+                gate, tenant = d.model_gate, d.tenant
+                if gate.inflight > 0:
+                    gate.inflight -= 1
+                if tenant.inflight > 0:
+                    tenant.inflight -= 1
             if ok:
                 timing = counters.requests.get(d.model)
                 if timing is None:
