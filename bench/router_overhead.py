@@ -12,7 +12,9 @@ protocol measured in the same run:
   path - direct; so: router p50 - proxy p50 <= 0.1 ms, pooled and as the median of the
   per-round differences);
 * the router's CPU per request <= 1.2x the bare proxy's, at concurrency 16 (concurrency 1 is
-  reported beside it).
+  reported beside it);
+* gRPC: the client library (``meshd.client``, no proxy hop) adds <= 0.15 ms p50 over calling
+  Triton directly, at concurrency 1 (pooled and paired median).
 
 NGINX's figures are reported beside ours as they are, with no bar.
 
@@ -51,7 +53,11 @@ over HTTP (tritonclient's default: binary inputs, ``binary_data_output``):
   by the router child through ``meshd.router.pool.WorkerPool``, as ``--router-workers`` does)
   on a port of its own, scoring through the router child's score link on a Unix socket.  Its
   CPU per request is the worker's plus the router child's (which serves the score calls and
-  outcome stream in that round): what one request through a worker costs the node.  No bar.
+  outcome stream in that round): what one request through a worker costs the node.  No bar;
+* ``client`` (gRPC, concurrency 1 only: a synchronous library): ``meshd.client.MeshClient``
+  in watch mode over the router child's score API (the worker's Unix socket) -> Triton
+  directly.  Its CPU column is the agent's (the router child streaming weights and taking
+  the outcome batches); the caller's own CPU is reported beside the direct path's.
 
 CPU per request: each Python proxy runs in its own process and measures its own CPU
 (``getrusage(RUSAGE_SELF)``: user + system, all threads), asked before and after each round;
@@ -66,6 +72,9 @@ so they share the machine's noise:
   workers, ``--calls-c16`` requests per path and round.  aiohttp asks for compressed replies
   by default (``Accept-Encoding: gzip, deflate, br``) and Triton gzips them; the sync HTTP
   client asks for none.  Each HTTP path's reply encoding to the aio client is recorded.
+
+Every server child runs with the collector settled as meshd's serving processes are
+(``meshd.collector.settle``), the bare proxies included.
 
 Per path: p50 and p99; added p50 and p99 against direct, pooled and as the median of the
 per-round paired differences (with their spread over rounds); CPU per request and its ratio to
@@ -129,7 +138,8 @@ from bench.table import (  # noqa: E402
 from meshd import collector  # noqa: E402
 
 PROTOCOLS = ("grpc", "http")
-PATHS: dict[str, tuple[str, ...]] = {"grpc": ("direct", "proxy", "nginx", "router", "worker"),
+PATHS: dict[str, tuple[str, ...]] = {"grpc": ("direct", "proxy", "nginx", "router", "worker",
+                                              "client"),
                                      "http": ("direct", "proxy", "nginx", "router")}
 CONCURRENCY = (1, 16)
 PHASES = tuple((proto, conc) for proto in PROTOCOLS for conc in CONCURRENCY)
@@ -139,6 +149,14 @@ WIDTH = 16
 CPU_RATIO_BAR = 1.2
 ADDED_P50_MARGIN_MS = 0.1
 """The router's added p50 may exceed the bare proxy's by this much (concurrency 1)."""
+CLIENT_ADDED_P50_MS = 0.15
+"""The client library (``meshd.client``, no proxy hop) may add this much p50 over calling
+Triton directly (concurrency 1)."""
+SYNC_ONLY = ("client",)
+"""Paths measured at concurrency 1 only: ``meshd.client.MeshClient`` is a synchronous
+library (its concurrency is its caller's threads)."""
+CLIENT_URL = "meshclient+"
+"""A target URL naming the client library over the agent's score API at the rest."""
 MAX_MESSAGE = 1 << 30
 LIMIT_FLOOR = 32.0
 """The router's scorer's adaptive concurrency limit floor (``LimiterConfig.min_limit``; 2 by
@@ -226,8 +244,8 @@ async def _child(kind: str, spec: dict[str, Any]) -> int:
         server, addr, counters, close, breakdown, http = await _router(
             upstream, bool(spec.get("http")), spec.get("http_upstream", ""))
         first.update(http)
-        first["worker_addr"], first["worker_pid"], stop_worker = await _worker(
-            breakdown.scorer)
+        first["worker_addr"], first["worker_pid"], stop_worker, first["score_addr"] = \
+            await _worker(breakdown.scorer)
         closers += [stop_worker, functools.partial(server.stop, 0.5), close]
     # Every server here runs as meshd's serving processes do once started (meshd.collector):
     # the router's requests leave it work the collector would otherwise take up; the bare
@@ -563,9 +581,10 @@ async def _router(upstream: str, http: bool = False, http_upstream: str = ""
     return server, addr, counters, close, Breakdown(router, scorer), extra
 
 
-async def _worker(scorer: Any) -> tuple[str, int, Callable[[], Any]]:
+async def _worker(scorer: Any) -> tuple[str, int, Callable[[], Any], str]:
     """A router worker process over ``scorer``'s score API on a Unix socket: its address,
-    its pid, and a coroutine function that stops it."""
+    its pid, a coroutine function that stops it, and the score API's address (the client
+    library's path asks it too)."""
     import socket
 
     from meshd import score_api, score_link
@@ -598,7 +617,7 @@ async def _worker(scorer: Any) -> tuple[str, int, Callable[[], Any]]:
         await score.stop(0)
         link.close()
         shutil.rmtree(d, ignore_errors=True)
-    return f"127.0.0.1:{port}", pool.pids()[0], stop
+    return f"127.0.0.1:{port}", pool.pids()[0], stop, where
 
 
 class WorkerPath:
@@ -778,7 +797,15 @@ def _inputs(module: Any) -> list[Any]:
 
 
 def sync_client(proto: str, url: str) -> Any:
-    """A sync tritonclient for ``url`` (``host:port``) and its inputs."""
+    """A sync tritonclient for ``url`` (``host:port``) and its inputs; for a
+    :data:`CLIENT_URL`, a ``meshd.client.MeshClient`` over that score API (watch mode: it
+    picks locally from the agent's streamed weights and calls Triton itself)."""
+    if url.startswith(CLIENT_URL):
+        import tritonclient.grpc as tc
+
+        from meshd.client import MeshClient
+
+        return MeshClient(url.removeprefix(CLIENT_URL)), _inputs(tc)
     if proto == "grpc":
         import tritonclient.grpc as tc
 
@@ -1040,8 +1067,8 @@ def measure(args: argparse.Namespace, triton: Any, targets: dict[str, dict[str, 
     out: dict[str, Any] = {"http_aio_reply_encoding": _http_encodings(
         {p: t.url for p, t in targets["http"].items()})}
     for proto, conc in PHASES:
-        out[phase_key(proto, conc)] = measure_phase(args, proto, conc, triton, targets[proto],
-                                                    ours)
+        here = {p: t for p, t in targets[proto].items() if conc == 1 or p not in SYNC_ONLY}
+        out[phase_key(proto, conc)] = measure_phase(args, proto, conc, triton, here, ours)
     return out
 
 
@@ -1145,6 +1172,10 @@ def path_rows(res: dict[str, Any], skipped: dict[str, str]) -> list[list[str]]:
         if p in skipped:
             rows.append([p, skipped[p], "", "", "", "", "", ""])
             continue
+        if p not in res["paths"]:
+            rows.append([p, "concurrency 1 only (a synchronous library)", "", "", "", "", "",
+                         ""])
+            continue
         e = res["paths"][p]
         d = e["latency_us"]
         cpu, ratio = "-", "-"
@@ -1217,6 +1248,19 @@ def bar_rows(results: dict[str, Any], skipped: dict[str, dict[str, str]]) -> lis
         else:
             rows.append([f"{name}: NGINX beside (no bar)",
                          skipped[proto].get("nginx", "n/a"), "", "-"])
+        if "client" in c1:
+            e = c1["client"]
+            pooled, pr = e["added_p50_us_pooled"], e["added_p50_us_paired"]
+            rows.append([f"{name}: client library (meshd.client) added p50 over direct, "
+                         f"concurrency {lo}",
+                         f"{pooled / 1000:+.3f} ms pooled; {pr['median'] / 1000:+.3f} ms median "
+                         f"of per-round differences ({pr['min'] / 1000:+.3f} to "
+                         f"{pr['max'] / 1000:+.3f}); the agent's CPU "
+                         f"{e['cpu_ms_per_request']:.3f} ms/request, the caller's "
+                         f"{e['client_cpu_ms_per_request']:.3f} ms (direct "
+                         f"{c1['direct']['client_cpu_ms_per_request']:.3f})",
+                         f"<= {CLIENT_ADDED_P50_MS:g} ms",
+                         verdict(max(pooled, pr["median"]) <= CLIENT_ADDED_P50_MS * 1000)])
         if "worker" in c1:
             w = [(conc, paths["worker"]) for conc, paths in ((lo, c1), (hi, c16))]
             rows.append([f"{name}: worker path (worker + agent CPU; no bar)", "; ".join(
@@ -1336,9 +1380,10 @@ def phase_title(proto: str, conc: int, res: dict[str, Any] | None) -> str:
 BARS_TEXT = (f"Bars, per protocol, against the bare proxy of the same protocol in the same run: "
              f"router added p50 at concurrency 1 <= proxy added p50 + {ADDED_P50_MARGIN_MS:g} ms "
              f"(pooled and paired median); router CPU per request <= {CPU_RATIO_BAR:g}x the "
-             f"proxy's at concurrency {CONCURRENCY[-1]} (concurrency 1 reported). NGINX beside, "
-             "no bar. Latencies in ms; added = path - direct; CPU per request of the path's "
-             "process(es).")
+             f"proxy's at concurrency {CONCURRENCY[-1]} (concurrency 1 reported); gRPC: the "
+             f"client library (meshd.client) added p50 over direct <= {CLIENT_ADDED_P50_MS:g} "
+             "ms at concurrency 1. NGINX beside, no bar. Latencies in ms; added = path - "
+             "direct; CPU per request of the path's process(es).")
 
 
 def write_markdown(path: Path, title: str, rows: list[list[str]],
@@ -1387,7 +1432,9 @@ def build_targets(triton: Any, children: dict[str, Any], nginx: Nginx | None,
         "grpc": {"direct": Target(triton.grpc_url),
                  "proxy": Target(children["proxy"].addr, children["proxy"].cpu, True),
                  "router": Target(router.addr, router.cpu, True),
-                 "worker": Target(children["worker"].addr, children["worker"].cpu)},
+                 "worker": Target(children["worker"].addr, children["worker"].cpu),
+                 # the agent's CPU here: its score API streaming weights, taking outcomes
+                 "client": Target(CLIENT_URL + str(router.info["score_addr"]), router.cpu)},
         "http": {"direct": Target(triton.http_url.removeprefix("http://")),
                  "proxy": Target(children["httpproxy"].addr, children["httpproxy"].cpu, True)}}
     if router.info.get("http_addr"):

@@ -464,6 +464,32 @@ def test_the_client_library_calls_the_chosen_triton_directly(
         h.call(server.stop(0))
 
 
+def test_the_client_library_reports_every_outcome(
+        two: tuple[RouterHarness, list[TritonServer]]) -> None:
+    """The library's outcomes reach the agent over its batched report stream, every one, the
+    last batch at close: each decision the agent made is closed (score mode), and the
+    agent counts as many outcomes as requests were made (watch mode too)."""
+    from meshd import score_api
+    from meshd.client import MeshClient
+    h, _ = two
+    server, where = h.call(score_api.serve(h.scorer, h.loop.time, ("127.0.0.1", 0),
+                                           lambda: None))
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    try:
+        for mode in ("watch", "score"):
+            before = sum(h.scorer.counters.outcomes.values())
+            client = MeshClient(where, mode=mode)
+            try:
+                for _ in range(50):
+                    client.infer("add_sub", add_sub_inputs(a, a, tc))
+            finally:
+                client.close()
+            assert sum(h.scorer.counters.outcomes.values()) - before == 50, mode
+        assert len(h.scorer.decisions) == 0  # every score-mode decision closed
+    finally:
+        h.call(server.stop(0))
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
