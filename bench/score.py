@@ -16,8 +16,11 @@ Sections (``--only`` keys):
   ``perf_counter_ns``; its outcome is reported (``scorer.report``, OK, a latency near the
   prediction) right after, outside the timed region, so its admission slots are released.
   *score + report* is the same loop's time from before the score to after the report.  GC
-  stays enabled, as in production.  Two telemetry regimes: *steady* (the fused view does not
-  change: the target table is rebuilt only every ``table_refresh``, 0.5 s) and *telemetry
+  stays enabled, settled as in production (``meshd.collector.settle``, called by the agent
+  and router workers once started: startup's objects frozen, the young generation collected
+  every 20,000 allocations); each run's collections are recorded.  Two telemetry regimes:
+  *steady* (the fused view does not change: the target table is rebuilt only every
+  ``table_refresh``, 0.5 s) and *telemetry
   N/s* (``--churn``, default 128: one node's telemetry replaced every 1/N s outside the timed
   region, i.e. each of the 64 nodes twice a second, the publication gate's maximum; every
   change moves the fused generation, so the next score rebuilds the model's 64 targets, and
@@ -181,6 +184,9 @@ def inproc_run(strategy: str, calls: int, churn: float, seed: int,
     mesh = BenchMesh(TARGETS, seed, mono())
     mesh.put("RoutingPolicy", MODEL, {"strategy": strategy})
     scorer = mesh.scorer(seed)
+    from meshd import collector
+
+    collector.settle()  # as the agent's process is once started
     table = scorer.table
     req = ScoreRequest(MODEL, payload_bytes=PAYLOAD)
     lat_rng = random.Random(seed + 1)

@@ -291,9 +291,18 @@ def test_ranks_sum_their_gradients_around_the_ring_and_agree(tmp_path: Path) -> 
 def test_sigterm_on_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(
         tmp_path: Path) -> None:
     procs = start_ranks(tmp_path, 3, steps=100_000, step_seconds=0.01)
-    time.sleep(2.0)
+    # The ring is up once rank 0 reports a step (a fixed sleep raced the ranks' start on a
+    # loaded machine: a SIGTERM before the handler is installed kills the rank outright).
+    early = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = procs[0].stdout.readline()  # type: ignore[union-attr]
+        early.append(line)
+        if not line or '"step"' in line:
+            break
     procs[2].send_signal(signal.SIGTERM)
     outs = [p.communicate(timeout=30)[0] for p in procs]
+    outs[0] = "".join(early) + outs[0]
     # the stopped rank says so; the others ask to run again, so the gang takes its outcome
     assert [p.returncode for p in procs] == [75, 75, 143], outs
     last = [max(r["step"] for r in reports(o) if "step" in r) for o in outs]
