@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/routing_sim.py [--quick] [--seed N] [--jobs 2]
     .venv/bin/python bench/routing_sim.py --replicas 512 --routers 16 --loads 0.5,0.8 \\
-        --staleness 0.1,0.5,2 --strategies baseline_rr,least_queue,p2c,hybrid --duration 20
+        --staleness 0.1,0.5,2 --strategies least_request,p2c,hybrid --duration 20
 
 A deterministic discrete-event simulation (one heap, simulated seconds) of routers sending an
 open-loop Poisson load to Triton-like replicas.  What it measures is the product code: every
@@ -43,6 +43,13 @@ The model:
   ``hedge=True`` when it is the hedge copy.  The loser is not removed from its replica: it
   still runs (Triton does not abort an executing request; a queued one could be cancelled,
   which this model leaves out, so hedges cost a little more here than they might).
+
+* **the baseline** (``--strategies least_request``) - what users run without meshd: each
+  router picks two replicas at random and sends to the one with fewer of its own requests
+  outstanding (Envoy's default ``LEAST_REQUEST``); no scorer, signals, admission or hedge.
+* **herding** - per run, each replica's share of the requests sent against its share of the
+  capacity (1 = its fair share); the table gives the largest and the 99th percentile: where
+  routers that share one stale view pile onto the replicas that look best.
 
 Left out: dynamic batching, payload sizes (every request is 1 work unit), request deadlines,
 timeouts and errors (no outcome but OK/CANCELLED), replica failures and churn, tenant
@@ -184,9 +191,17 @@ def build_fleet(cfg: SimConfig) -> Fleet:
     return Fleet(nodes, keys, factors, mean, zones, router_zone, rtt, capacity)
 
 
+LEAST_REQUEST = "least_request"
+"""The client-side baseline, not a meshd strategy: Envoy's default ``LEAST_REQUEST`` (two
+random replicas, the one with fewer of this router's own requests outstanding wins).  No
+scorer, no signals, no admission, no hedge: what a user's proxy or client library does."""
+
+
 def routing_spec(strategy: str) -> dict[str, Any]:
-    """The ``RoutingPolicy`` spec, validated (defaults filled in) as the agent would hold it."""
-    doc = validate({"kind": "RoutingPolicy", "name": MODEL, "spec": {"strategy": strategy}})
+    """The ``RoutingPolicy`` spec, validated (defaults filled in) as the agent would hold it
+    (the baseline's scorers, unused, get ``p2c``'s)."""
+    name = "p2c" if strategy == LEAST_REQUEST else strategy
+    doc = validate({"kind": "RoutingPolicy", "name": MODEL, "spec": {"strategy": name}})
     return dict(doc.spec)
 
 
@@ -275,6 +290,11 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
     arr_rng = random.Random(cfg.seed * 7919 + 2)
     svc_rng = random.Random(cfg.seed * 7919 + 3)
     sig_rng = random.Random(cfg.seed * 7919 + 4)
+    pick_rng = random.Random(cfg.seed * 7919 + 5)  # the least-request baseline's two choices
+    least_request = cfg.strategy == LEAST_REQUEST
+    own = [[0] * n_rep for _ in range(n_rt)]
+    """Per router, its requests outstanding at each replica (the least-request baseline's
+    only signal)."""
     base = cfg.base_ms / 1000
     stall_s = cfg.stall_ms / 1000
     stall_p = cfg.stall_prob
@@ -367,6 +387,16 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
             arrived += 1
             in_window = t >= w0
             w_arrived += in_window
+            if least_request:
+                a = int(pick_rng.random() * n_rep)
+                b = int(pick_rng.random() * (n_rep - 1))
+                b += b >= a
+                mine = own[r]
+                i = a if mine[a] <= mine[b] else b
+                mine[i] += 1
+                req = Req(r, t, 0, [], s2)
+                send(req, i, fleet.keys[i], t, s1, False)
+                continue
             scored = scorers[r].score(request, t)
             if not scored.verdict.admit:
                 shed += 1
@@ -404,6 +434,9 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
             if req.arrived >= w0:
                 w_completed += 1
                 latencies.append(t - req.arrived)
+            if least_request:
+                own[req.router][c.replica] -= 1
+                continue
             sc = scorers[req.router]
             others = [o for o in req.copies if o is not c]
             if not others:
@@ -451,6 +484,12 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
         fallbacks.update(k.fallbacks)
         decisions.update(k.decisions)
     model_limits = [model_limit(s) for s in scorers]
+    # Herding: each replica's share of the requests sent against its share of the capacity
+    # (1 = its fair share); the largest is where routers piled on.
+    sent_total = max(1, sum(sent_to))
+    cap_share = [1 / factor[i] for i in range(n_rep)]
+    cap_total = sum(cap_share)
+    herd = [(sent_to[i] / sent_total) / (cap_share[i] / cap_total) for i in range(n_rep)]
     target_limits = [st.limit.limit for s in scorers for st in s.table.stats.values()]
     return {
         "strategy": cfg.strategy, "load": cfg.load, "staleness_s": cfg.staleness,
@@ -465,6 +504,7 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
         "shed_rate": w_shed / max(1, w_arrived), "shed_reasons": dict(shed_reasons),
         "util_mean": mean_util, "util_max": max(util),
         "imbalance": max(util) / mean_util if mean_util > 0 else math.nan,
+        "herd_max": max(herd), "herd_p99": sorted(herd)[int(0.99 * (n_rep - 1))],
         "by_class": by_class,
         "hedges": hedges, "hedge_wins": hedge_wins, "hedge_rate": hedges / max(1, completed),
         "decisions": dict(decisions), "fallbacks": dict(fallbacks),
@@ -493,7 +533,7 @@ def _run(cfg: SimConfig) -> dict[str, Any]:
 # --- reporting ----------------------------------------------------------------------------------
 
 HEAD = ("load", "staleness s", "strategy", "p50 ms", "p99 ms", "p99.9 ms", "throughput req/s",
-        "shed %", "util max/mean", "hedged %")
+        "shed %", "util max/mean", "traffic/capacity share max (p99)", "hedged %")
 
 
 def _ms(x: float) -> str:
@@ -506,6 +546,7 @@ def build_rows(results: list[dict[str, Any]]) -> list[list[str]]:
         rows.append([f"{r['load']:g}", f"{r['staleness_s']:g}", r["strategy"], _ms(r["p50_ms"]),
                      _ms(r["p99_ms"]), _ms(r["p999_ms"]), f"{r['throughput_rps']:,.0f}",
                      f"{r['shed_rate'] * 100:.2f}", f"{r['imbalance']:.2f}",
+                     f"{r['herd_max']:.2f} ({r['herd_p99']:.2f})",
                      f"{r['hedge_rate'] * 100:.1f}"])
     return rows
 

@@ -75,3 +75,20 @@ def test_cli_quick_prints_one_table(capsys: pytest.CaptureFixture[str]) -> None:
                  "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     assert out.count("| load ") == 1 and "| p2c " in out and "| hybrid " in out
+
+
+def test_the_least_request_baseline_keeps_its_books_and_herding_is_measured(
+        runs: dict[str, dict[str, Any]]) -> None:
+    """The client-side baseline (two random choices, fewer own outstanding wins) sends every
+    request, scores none, hedges none; round robin's share-to-capacity shows the 5x replica
+    getting several times its share (herding measured against capacity)."""
+    lr = simulate(replace(SMALL, strategy="least_request"))
+    assert lr["shed"] == 0 and lr["completed"] == lr["arrived"] > 5000
+    assert lr["hedges"] == 0 and lr["decisions"] == {}
+    assert lr["p50_ms"] <= lr["p99_ms"]
+    assert lr["herd_max"] >= lr["herd_p99"] > 0
+    # round robin gives each replica about 1/16th: the 5x one has a fifth of a 1x one's
+    # capacity, so it gets far more than its share (less than 4x: round robin sheds)
+    rr = runs["baseline_rr"]
+    assert rr["herd_max"] > 2.0, rr["herd_max"]
+    assert runs["hybrid"]["herd_max"] < rr["herd_max"]
