@@ -324,10 +324,8 @@ class Gateway:
         if self._outbox:
             self._flush()
         try:
-            scored = score_now(ScoreRequest(
-                model, version, payload, caller.tenant, caller.slo,
-                0.0 if remaining is None else remaining) if seq is None else _score_request(
-                model, version, payload, seq, caller, remaining), now)
+            scored = score_now(_score_request(model, version, payload, seq, caller,
+                                              remaining), now)
         except ScoreError as exc:
             self.counters.invalid += 1
             raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None

@@ -62,7 +62,7 @@ from meshd import tracing
 from meshd.router import http_tensors as tensors
 from meshd.router.auth import SLO_HEADER, TENANT_HEADER, ClientAuth, Unauthenticated
 from meshd.router.gateway import Caller, Gateway, RouterError, sequence_of
-from meshd.router.http_dispatch import http_code
+from meshd.router.http_dispatch import http_code, picked
 from meshd.router.http_tensors import BadRequest, OutputError
 from meshd.router.known import Known
 from meshd.router.kserve import NO_SERVER_METHODS
@@ -381,8 +381,7 @@ class HttpService:
                     raise self._unreadable(exc) from None
                 if not body:
                     _check_empty(request)
-                infer = request.headers.get(INFER_HEADER)
-                head = tensors.header_length(infer, len(body))
+                head = tensors.header_length(request.headers.get(INFER_HEADER), len(body))
             except BadRequest as exc:
                 c.invalid += 1
                 if rt is not None:
@@ -428,7 +427,7 @@ class HttpService:
                 scored = await gw.admit(model, version, payload, None, caller, remaining, rt)
             if _all_http(scored.targets):
                 got = await gw.send_http(request.rel_url.raw_path, body,
-                                         _forwarded(request.headers, infer), scored, caller,
+                                         picked(request.headers, FORWARDED), scored, caller,
                                          remaining, rt, now)
                 if rt is not None:
                     rt.finish("" if got.status < 400 else http_code(got.status).name,
@@ -695,20 +694,6 @@ class HttpService:
 FORWARDED = ("Content-Type", INFER_HEADER, "Accept-Encoding")
 """The client's headers a replica's HTTP endpoint gets with a forwarded request (the body
 is forwarded decompressed; trace headers are added per attempt)."""
-
-
-def _forwarded(headers: Any, infer: str | None) -> dict[str, str]:
-    """:data:`FORWARDED` of ``headers``, ``infer`` the binary-tensor header already read
-    (written out: no loop or comprehension on the request path)."""
-    out = {INFER_HEADER: infer} if infer is not None else {}
-    get = headers.get
-    v = get("Content-Type")
-    if v is not None:
-        out["Content-Type"] = v
-    v = get("Accept-Encoding")
-    if v is not None:
-        out["Accept-Encoding"] = v
-    return out
 
 
 def _all_http(targets: list[Choice]) -> bool:

@@ -94,19 +94,14 @@ class HttpUpstreams:
             self._session = None
 
 
-def _relayed(got: Any) -> dict[str, str]:
-    """:data:`RELAYED` of ``got`` (written out: no loop or comprehension per request)."""
+def picked(headers: Any, names: tuple[str, ...]) -> dict[str, str]:
+    """The ``names`` that ``headers`` (a multidict) has, with their values: what is forwarded
+    of a request (the HTTP ingress) and relayed of an answer (a loop, not a comprehension: no
+    function call per request)."""
     out = {}
-    get = got.get
-    v = get("Content-Type")
-    if v is not None:
-        out["Content-Type"] = v
-    v = get("Inference-Header-Content-Length")
-    if v is not None:
-        out["Inference-Header-Content-Length"] = v
-    v = get("Content-Encoding")
-    if v is not None:
-        out["Content-Encoding"] = v
+    for name, value in zip(names, map(headers.get, names), strict=True):
+        if value is not None:
+            out[name] = value
     return out
 
 
@@ -157,7 +152,7 @@ async def _try(a: _Attempts, choice: Choice, hedge: bool) -> _Tried:
         except BaseException:
             resp.close()
             raise
-        reply = HttpReply(resp.status, data, _relayed(resp.headers))
+        reply = HttpReply(resp.status, data, picked(resp.headers, RELAYED))
     except TimeoutError:  # aiohttp's timeouts are TimeoutErrors
         _end(span, Status.TIMEOUT)
         return _Tried(None, Status.TIMEOUT, False, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -250,7 +245,7 @@ async def in_turn(path: str, body: bytes, headers: dict[str, str], targets: Sequ
             _end(span, status, "" if status == Status.OK else f"HTTP {code}")
         post((decision, choice.replica, clock() - started, status, False, last))
         if last:  # Triton's own answer, whatever its status
-            return HttpReply(code, data, _relayed(resp.headers))
+            return HttpReply(code, data, picked(resp.headers, RELAYED))
     post((decision, "", 0.0, Status.ERROR, False, True))
     raise Failed(grpc.StatusCode.UNAVAILABLE, "no target could be tried")
 

@@ -75,13 +75,7 @@ class Decisions:
         self._next = i + 1
         d = Decision(i, model, tenant, model_gate, first, first_key, predicted, units, started,
                      expires)
-        opened = self._open
-        opened[i] = d
-        heapq.heappush(self._heap, (expires, i))
-        if expires < self.due:
-            self.due = expires
-        if len(opened) > self.max_open or len(self._heap) > 2 * len(opened) + 1024:
-            self._bound()
+        self.add(d)
         return d
 
     def add(self, d: Decision) -> None:

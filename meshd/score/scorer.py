@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from adapters.model import WORK_UNIT_BYTES, work_units
+from adapters.model import work_units
 from meshd.fused import FusedState
 from meshd.score.admission import ADMIT, ModelGate, TenantGate, Verdict, priority_share
 from meshd.score.budget import HedgeBudget
@@ -337,11 +337,14 @@ class Scorer:
     # --- scoring -----------------------------------------------------------------------------
 
     def candidates(self, req: ScoreRequest, routing: RoutingConfig, now: float,
-                   units: int = 0) -> tuple[list[Target], bool]:
+                   units: int = 0, table: ModelTargets | None = None
+                   ) -> tuple[list[Target], bool]:
         """The targets this request may go to, with its prediction filled in (for ``units``
         of work, else the request's), and whether they are degraded (every queue figure
-        stale: own observations only)."""
-        table = self.table.targets(req.model, now)
+        stale: own observations only).  ``table``: the model's targets, when the caller has
+        them (:class:`_Lane`)."""
+        if table is None:
+            table = self.table.targets(req.model, now)
         eligible = table.eligible
         if not units:
             units = work_units(req.payload_bytes)
@@ -349,7 +352,9 @@ class Scorer:
         excl = req.exclude
         rev = req.revision
         if not rev and not excl and table.oldest_queue >= oldest and table.oldest_queue > 0:
-            out = eligible.copy()  # every figure is fresh: the common case, no loop
+            # Every figure is fresh: the common case, no loop.  A copy where admission may
+            # reorder it (_sent); one target stays where it is.
+            out = eligible if len(eligible) == 1 else eligible.copy()
             predict_all(out, units, now)
             return out, False
         out = []
@@ -448,19 +453,8 @@ class Scorer:
         routing = lane.routing
         if req.sequence:
             return self._score_sequence(req, slo, deadline, routing, now)
-        payload = req.payload_bytes  # work_units(payload), without the call
-        units = -(-payload // WORK_UNIT_BYTES) if payload > WORK_UNIT_BYTES else 1
-        table = lane.targets
-        fresh = table.oldest_queue
-        if fresh > 0 and fresh >= now - routing.stale_after and not req.revision \
-                and not req.exclude:  # candidates(), its common case without the call
-            eligible = table.eligible
-            # A copy where admission may reorder it (_sent); one target stays where it is.
-            targets = eligible if len(eligible) == 1 else eligible.copy()
-            predict_all(targets, units, now)
-            degraded = False
-        else:
-            targets, degraded = self.candidates(req, routing, now, units)
+        units = work_units(req.payload_bytes)
+        targets, degraded = self.candidates(req, routing, now, units, lane.targets)
         counters = self.counters
         if not targets:
             counters.shed["no_targets"] += 1
@@ -610,34 +604,17 @@ class Scorer:
         was taken (moved to the front if a better-ranked one was full)."""
         if deadline is not None and min(t.p_seconds for t in ranked) > deadline:
             return Verdict(False, "deadline", self._drain(ranked)), None
-        if tenant.concurrency is None and tenant.bucket is None:
-            tenant.inflight += 1  # no quota to check (TenantGate.check, without the call)
-        else:
-            v = self.tenants.check(tenant, now)
-            if not v.admit:
-                lo, hi = self.config.retry_after_bounds
-                return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), None
+        v = self.tenants.check(tenant, now)
+        if not v.admit:
+            lo, hi = self.config.retry_after_bounds
+            return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), None
         share = _SHARES[priority] if 0 <= priority <= 9 else priority_share(priority)
         if ms is None:
             ms = self._model(req.model, routing)
-        gate = ms.gate
-        inflight = gate.inflight
-        # _capacity(), whose lower bound is the verdict while in flight is below it, and
-        # ModelGate.try_acquire, inline
-        capacity = share * MODEL_HEADROOM * self.limiter.min_limit * len(targets)
-        if inflight >= capacity:
-            capacity = _capacity(targets, share, inflight, self.limiter.min_limit)
-        cap = routing.max_concurrency
-        if inflight >= capacity or (cap is not None and inflight >= cap):
+        capacity = _capacity(targets, share, ms.gate.inflight, self.limiter.min_limit)
+        if not ms.gate.try_acquire(capacity, routing.max_concurrency):
             self.tenants.release(tenant)
             return Verdict(False, "model_limit", self._drain(ranked)), None
-        gate.inflight = inflight + 1
-        first = ranked[0]
-        limit = first.stats.limit
-        if limit.inflight < limit.limit * share:  # the best target has room (the usual case)
-            limit.inflight += 1
-            first.stats.sent(now)
-            return ADMIT, first
         # The best target with room, among those predicted to be nearly as quick as the best:
         # a full fast replica must not overflow onto one predicted to take many times longer
         # (bench/routing: the 5x replica's queue, filled that way, set the p99).  Failing
@@ -714,26 +691,19 @@ class Scorer:
             stats.outcomes += 1
             if hedge and d is not None and d.hedge_key == replica:
                 self._hedge_ended(d)
-            first = d is not None and d.first_key == replica
             if ok and latency == latency:
                 stats.latency.add(latency)
-                timing = stats.attempts
-                if first and timing is not None:  # the target it was scored on: its model's
-                    timing.observe(latency)
-                else:
-                    self._time_attempt(d, replica, latency)
+                self._time_attempt(d, replica, latency)
             elif not ok and status != Status.CANCELLED:
                 stats.failures += 1
-            started = first and d is not None and d.first_open
+            started = d is not None and d.first_open and d.first_key == replica
             sent_at = now - latency if latency == latency else now
             if status == Status.CANCELLED:
                 stats.cancelled(sent_at)
                 if started:
                     self.fused.observe_end(replica)
             else:
-                stats.waiting_since = now  # TargetStats.answered(now, sent_at), inline
-                if stats.orphans:
-                    stats.answered(now, sent_at)
+                stats.answered(now, sent_at)
                 self.fused.observe_outcome(replica, latency, ok, now, started)
         pred = d.predicted.get(replica) if d is not None else None
         if pred is None and stats is not None and ok:
@@ -777,23 +747,9 @@ class Scorer:
                 self.sequences.end(d.sequence)
         if last:
             self.decisions.close(d.id)
-            if d.first_open or d.hedge_key:
-                self._release(d)
-            else:  # what _release does for the usual decision, inline
-                gate, tenant = d.model_gate, d.tenant
-                if gate.inflight > 0:
-                    gate.inflight -= 1
-                if tenant.inflight > 0:
-                    tenant.inflight -= 1
+            self._release(d)
             if ok:
-                timing = counters.requests.get(d.model)
-                if timing is None:
-                    _observe(counters.requests, d.model, now - d.started)
-                else:  # Timing.observe, inline
-                    took = now - d.started
-                    timing.count += 1
-                    timing.total += took
-                    timing.buckets[bisect.bisect_left(timing.bounds, took)] += 1
+                _observe(counters.requests, d.model, now - d.started)
         return True
 
     def _time_attempt(self, d: Decision | None, replica: str, latency: float) -> None:
@@ -818,11 +774,8 @@ class Scorer:
             self.fused.observe_end(d.first_key)
         if d.hedge_key:  # its hedge's outcome never came (a router that went away)
             self._hedge_ended(d)
-        gate, tenant = d.model_gate, d.tenant  # ModelGate / TenantGate.release, inline
-        if gate.inflight > 0:
-            gate.inflight -= 1
-        if tenant.inflight > 0:
-            tenant.inflight -= 1
+        d.model_gate.release()
+        self.tenants.release(d.tenant)
 
     def _hedge_ended(self, d: Decision) -> None:
         """The hedge :meth:`hedge_target` counted for ``d`` no longer loads its target."""

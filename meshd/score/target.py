@@ -250,10 +250,8 @@ def predict_all(targets: Iterable[Target], units: int, now: float,
             backlog = inflight
         gap = per_request * c / instances  # one request's share of the queue
         queue = backlog * gap
-        if own or orphans:  # owed answers: stalled?  (The call only when it may be.)
-            silent = now - stats.waiting_since
-            if silent > STALL_MIN and silent > STALL_GAPS * gap:
-                queue += stats.stalled_for(now, gap)
+        if own or orphans:  # the common idle case costs no call
+            queue += stats.stalled_for(now, gap)
         service = units * spu * c
         t.p_backlog = backlog
         t.p_queue = queue
