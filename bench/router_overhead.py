@@ -103,10 +103,8 @@ import platform
 import pstats
 import resource
 import shutil
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -124,6 +122,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench import child  # noqa: E402
 from bench.child import log  # noqa: E402
+from bench.nginx import Nginx  # noqa: E402
+from bench.nginx import installed as nginx_installed  # noqa: E402
+from bench.nginx import version as nginx_version  # noqa: E402
 from bench.table import (  # noqa: E402
     Others,
     distribution,
@@ -162,7 +163,6 @@ LIMIT_FLOOR = 32.0
 """The router's scorer's adaptive concurrency limit floor (``LimiterConfig.min_limit``; 2 by
 default): at the default, concurrency 16 on one replica sheds (model_limit) once the bench's
 load raises its latency."""
-NGINX = "/usr/sbin/nginx"
 HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-connection", "te", "trailer",
                         "transfer-encoding", "upgrade", "host", "content-length"))
 """Headers the bare HTTP proxy does not copy (hop-by-hop ones, and the two aiohttp sets
@@ -585,7 +585,6 @@ async def _worker(scorer: Any) -> tuple[str, int, Callable[[], Any], str]:
     """A router worker process over ``scorer``'s score API on a Unix socket: its address,
     its pid, a coroutine function that stops it, and the score API's address (the client
     library's path asks it too)."""
-    import socket
 
     from meshd import score_api, score_link
     from meshd.router.pool import WorkerPool
@@ -651,131 +650,6 @@ class Child(child.Child):
         """``cpu`` (process, s), ``loop_cpu`` (its event loop's thread, s), ``gc_count`` and
         ``gc_s`` (per generation)."""
         return self.cmd("cpu")
-
-
-# --- NGINX --------------------------------------------------------------------------------------
-
-
-NGINX_CONF = """\
-daemon off;
-master_process on;
-worker_processes 1;
-{user}pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    client_body_temp_path {dir}/body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    keepalive_requests 1000000;
-    client_max_body_size 64m;
-    upstream triton_grpc {{ server {grpc_up}; keepalive 32; keepalive_requests 1000000; }}
-    upstream triton_http {{ server {http_up}; keepalive 32; keepalive_requests 1000000; }}
-    server {{
-        listen 127.0.0.1:{grpc_port} http2;
-        location / {{ grpc_pass grpc://triton_grpc; }}
-    }}
-    server {{
-        listen 127.0.0.1:{http_port};
-        location / {{
-            proxy_pass http://triton_http;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }}
-    }}
-}}
-"""
-
-
-def _free_ports(n: int) -> list[int]:
-    from meshd.devtriton import pick_ports
-
-    return pick_ports("127.0.0.1", n)
-
-
-class Nginx:
-    """Debian's nginx in front of Triton: ``grpc_addr`` (``grpc_pass``) and ``http_addr``
-    (``proxy_pass``); its CPU is its master's and workers' (``/proc``)."""
-
-    def __init__(self, workdir: Path, grpc_upstream: str, http_upstream: str) -> None:
-        from meshd.devtriton import _pdeathsig_prefix
-
-        self.dir = workdir / "nginx"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        grpc_port, http_port = _free_ports(2)
-        user = ""
-        if os.geteuid() == 0:  # else nginx's workers would switch to nobody
-            import grp
-            import pwd
-
-            user = (f"user {pwd.getpwuid(os.getuid()).pw_name} "
-                    f"{grp.getgrgid(os.getgid()).gr_name};\n")
-        conf = self.dir / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(user=user, dir=self.dir, grpc_up=grpc_upstream,
-                                          http_up=http_upstream, grpc_port=grpc_port,
-                                          http_port=http_port))
-        self.grpc_addr = f"127.0.0.1:{grpc_port}"
-        self.http_addr = f"127.0.0.1:{http_port}"
-        self.out = open(self.dir / "stderr.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [*_pdeathsig_prefix(), NGINX, "-p", str(self.dir), "-c", str(conf), "-e",
-             str(self.dir / "error.log")], stdin=subprocess.DEVNULL, stdout=self.out,
-            stderr=self.out, start_new_session=True)
-        self.pid = self.proc.pid
-        end = time.monotonic() + 15
-        for port in (grpc_port, http_port):
-            while True:
-                if self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError(f"nginx exited ({self.proc.returncode}): "
-                                       f"{self.log_tail()}")
-                try:
-                    socket.create_connection(("127.0.0.1", port), 1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > end:
-                        self.stop()
-                        raise RuntimeError(f"nginx never listened: {self.log_tail()}") from None
-                    time.sleep(0.05)
-
-    def log_tail(self) -> str:
-        text = ""
-        for name in ("stderr.log", "error.log"):
-            with contextlib.suppress(OSError):
-                text += (self.dir / name).read_text(errors="replace")
-        return " | ".join(text.strip().splitlines()[-3:])
-
-    def pids(self) -> list[int]:
-        from meshd.devtriton import _group_members
-
-        return _group_members(self.pid) or [self.pid]
-
-    def cpu(self) -> dict[str, Any]:
-        return {"cpu": sum(proc_cpu_s(p) or 0.0 for p in self.pids())}
-
-    def stop(self) -> dict[str, Any]:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self.out.close()
-        return {"returncode": self.proc.returncode}
-
-
-def nginx_version() -> str:
-    try:
-        out = subprocess.run([NGINX, "-v"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return (out.stderr or out.stdout).strip().removeprefix("nginx version: ")
 
 
 # --- the clients --------------------------------------------------------------------------------
@@ -1511,13 +1385,13 @@ def main(argv: list[str] | None = None) -> int:
                    if kind == "router" else ""))
         children["worker"] = WorkerPath(children["router"])
         log(f"router worker (pid {children['worker'].pid}) on {children['worker'].addr}")
-        if not os.access(NGINX, os.X_OK):
+        if not nginx_installed():
             for proto in PROTOCOLS:
                 skipped[proto]["nginx"] = "skipped: nginx not installed"
         else:
             results["setup"]["nginx_version"] = nginx_version()
             try:
-                nginx = Nginx(workdir, triton.grpc_url, triton.http_url.removeprefix("http://"))
+                nginx = Nginx(workdir, [triton.grpc_url], [triton.http_url.removeprefix("http://")])
                 log(f"nginx {results['setup']['nginx_version']} (pid {nginx.pid}) on "
                     f"{nginx.grpc_addr} (gRPC), {nginx.http_addr} (HTTP)")
             except Exception as exc:  # noqa: BLE001 - reported
@@ -1586,7 +1460,7 @@ def main(argv: list[str] | None = None) -> int:
                   "calls_c16": args.calls_c16, "warmup": args.warmup,
                   "profile_calls": args.profile_calls, "concurrency": CONCURRENCY,
                   "skipped": skipped, **results.pop("setup"),
-                  "nginx_conf": NGINX_CONF if nginx is not None else None,
+                  "nginx_conf": nginx.conf if nginx is not None else None,
                   "bars": {"cpu_ratio": CPU_RATIO_BAR,
                            "added_p50_margin_ms": ADDED_P50_MARGIN_MS}},
         "table": [dict(zip(HEAD, r, strict=True)) for r in rows],

@@ -1,56 +1,70 @@
-"""Routing on real Triton replicas of uneven speed, one of them stalling now and then: the
-router's strategies (hedging on and off) against client-side balancing, under open-loop load.
+"""Routing on real Triton replicas of uneven speed, one of them pausing on a schedule: the
+meshd router (one, and three sharing the replicas) against what users run today - client-side
+round robin and least-request, and NGINX ``least_conn`` - under open-loop load.
 
-    ./dev bench routing [--quick] [--repeats 3] [--duration 20] [--loads 0.5,0.8] ...
+    ./dev bench routing [--quick] [--repeats 5] [--duration 30] [--sections ...]
     .venv/bin/python bench/routing.py ...
-
-Bars (from the issue), at 80% load, on the medians of the repeats:
-
-* ``hybrid`` (hedging on, its default) p99 <= 0.7x client-side least-request's p99;
-* hedging cuts ``hybrid``'s p99.9 by >= 3x (off / on) for <= 5% extra upstream requests;
-* zero failed requests through the router (a shed request counts as failed here).
 
 **The replicas.** Four ``meshd.devtriton.TritonServer`` processes serving the ``delay``
 model of ``tests/triton_models`` (one instance, no batching: requests queue in Triton), with
 service times of 1x, 1x, 2x and 5x ``--service-ms`` (default 5 ms).  Replica ``--stalling``
-(1, a 1x one, by default) also takes ``--stall-ms`` (250 ms) longer on a random
-``--stall-rate`` (0.2%) of its requests, and the requests queued behind it wait too: the
-tail hedging is for.
+(1, a 1x one) pauses for ``--stall-ms`` (250 ms) at scheduled moments, about every
+``--stall-every`` seconds (4 s; each gap drawn from ``--seed``, the same schedule for every
+case and repeat): a request in service or starting during a pause is held until it ends, and
+the queue behind it waits too.  Every run sees the same pauses at the same offsets, so a p99
+that rests on the stalls compares like with like (per-request coin flips gave one run 3
+stalls and the next 9).  Each run reports how many pauses fell in its measured window.
 
-**What no router can beat.** While a 1x replica stalls at 80% load, the others have less
-capacity than the load: a queue builds whatever the routing, and drains afterwards at the
-load's spare capacity, hedged or not.  So the bench also simulates a clairvoyant router
-(:func:`clairvoyant`: exact knowledge of every replica's remaining work, stalls moved at
-once and for free) at the measured service times, and prints the cut it would show against
-the measured no-hedge p99.9, beside the hedging bar.
+**Capacity** is measured: each replica's saturated throughput (closed loop, straight to it),
+summed; loads are shares of that sum, and each replica's share of the capacity is printed
+next to its share of the traffic.
 
-**Capacity** is measured, not assumed: each replica's saturated throughput (closed loop,
-``--capacity-concurrency`` requests outstanding, straight to it), summed.  The loads are
-shares of that sum.
+**Load.** Open loop: Poisson arrivals (seeded per repeat: every case of a repeat sees the same
+arrivals) from this process (``grpc.aio``, one prebuilt ``ModelInferRequest`` sent as raw
+bytes, so the generator costs the same on every path).  Latency counts from the scheduled
+arrival (no coordinated omission).  Each run has ``--warmup`` s of load, then ``--duration``
+measured seconds, long enough that p99 rests on >= 100 samples beyond it (the table says how
+many); requests have a ``--timeout`` deadline.  Before each run the bench waits until no
+replica has a request queued.
 
-**Load.** Open loop: Poisson arrivals at the load's rate from this process (``grpc.aio``,
-one prebuilt ``ModelInferRequest`` sent as raw bytes, so the generator's cost is the same on
-every path).  A request's latency counts from its scheduled arrival, so a generator that
-falls behind is charged, not hidden (coordinated omission); its lag is recorded.  Each
-run has ``--warmup`` seconds of load first (not measured) and then ``--duration`` measured
-seconds; requests have a ``--timeout`` deadline.
+**The cases** (each run ``--repeats`` times, interleaved A B C A B C ...; ratios are taken
+per repeat, between cases of the same repeat, and a bar passes only when the median ratio
+meets it *and* every repeat beats the baseline):
 
-**The cases**, each run ``--repeats`` times, their order rotated between repeats; before
-each run the bench waits until no replica has a request queued (a round-robin case leaves
-the 5x replica minutes of work that would otherwise land on the next case):
+* ``router/<strategy>`` (hedging on, the policy's default) and ``router/<strategy>/no-hedge``
+  (``hedge_budget`` 0): through a meshd router (a child process: ``meshd.router.server``
+  over a ``Scorer`` with a ``RoutingPolicy`` naming the strategy).  Its view of the replicas
+  comes from the real signal plane: one ``SignalPlane`` per replica node polling Triton
+  (queue gauge every 100 ms, statistics every 1 s), fed to the router's fused view.
+  Strategies other than ``hybrid`` run ``--other-repeats`` times (they are checked for
+  failures, not held to the ratio bars);
+* ``client/round_robin``, ``client/least_request`` (Envoy's default: two random replicas,
+  the one with fewer of this client's requests outstanding wins): no router;
+* ``nginx/least_conn``: Debian's nginx, started by the bench, ``least_conn`` over the four
+  replicas with ``grpc_pass`` (what Triton deployments put in front of their servers).
 
-* ``router/<strategy>/hedge`` and ``router/<strategy>/no-hedge``: through the meshd router
-  (a child process: ``meshd.router.server.serve`` over a ``Scorer``, a fresh one per run,
-  with a ``RoutingPolicy`` naming the strategy, and ``hedge_budget`` 0 for no-hedge).  Its
-  view of the replicas comes from the real signal plane: one ``SignalPlane`` per replica
-  node, whose Triton adapter polls the server (queue gauge every 100 ms, statistics every
-  1 s), handed to the router's fused view as gossip would (without gossip's delay);
-* ``client/round_robin`` and ``client/least_request``: no router; this process picks the
-  replica - in turn, or Envoy's default least-request (two random replicas, the one with
-  fewer of this client's requests outstanding wins).
+**Sections** (``--sections``):
 
-Prints one table and writes ``bench/results/routing.{json,md}``.  The machine is shared (2
-cores): load averages and the CPU other processes used are recorded per run.
+* ``steady``: 80% load, one front door: hybrid, hybrid without hedging, the other
+  strategies, both client-side balancers, NGINX.  Bar 1, and hedging at 80% (bar 3).
+* ``many``: 80% load, three front doors sharing the replicas, each sent a random third of the
+  arrivals: three meshd routers (each its own process, signal planes and view), three
+  independent client-side least-request balancers, three NGINX instances.  Bar 1 again, on
+  the p99 over all requests (the worst door's is printed beside it), and each replica's
+  share of the traffic against its share of the capacity (herding).
+* ``hedging``: 50% load: hybrid with and without hedging.  Bar 2.
+* ``overload``: no pauses; ``--overload-pre`` s at 80%, 10 s at 150%, then
+  ``--overload-post`` s at 80%: the router, NGINX and client-side least-request.  Recovery
+  is the time from the end of the overload until the p99 of every later sliding 3-s window
+  is within 1.2x the p99 before the overload, with no failed request (bar <= 5 s for the
+  router).
+
+**What no router can beat** (context for bar 3): :func:`clairvoyant` simulates a router that
+knows every replica's remaining work and every pause ahead of time, at the measured service
+times and the same arrivals and pauses; its p99.9 is how low any routing could bring the tail.
+
+Prints the tables and writes ``bench/results/routing.{json,md}`` (``--out``).  The machine is
+shared (2 cores): load averages and the CPU other processes used are recorded per run.
 """
 
 from __future__ import annotations
@@ -71,7 +85,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +93,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
+from bench import nginx as nginx_mod  # noqa: E402
 from bench.child import Child, log  # noqa: E402
 from bench.table import (  # noqa: E402
     Others,
@@ -87,8 +102,8 @@ from bench.table import (  # noqa: E402
     git_state,
     loadavg,
     machine_info,
-    print_table,
     proc_cpu_s,
+    quantile,
     verdict,
 )
 
@@ -97,16 +112,30 @@ MODEL_BASE_MS = 2.0
 """The ``delay`` model's own ``base_delay_ms``; behaviours add to it."""
 SPEEDS = (1, 1, 2, 5)
 STALLING = 1
-"""Index of the replica that stalls (``--stalling``): a 1x one by default, so a stall takes
+"""Index of the replica that pauses (``--stalling``): a 1x one by default, so a pause takes
 about a third of the capacity away."""
-CLAIRVOYANT_RUNS = 40
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
-STRATEGIES = ("baseline_rr", "least_queue", "p2c", "hybrid")
-CLIENT_SIDE = ("round_robin", "least_request")
-BAR_LOAD = 0.8
-P99_RATIO_BAR = 0.7
+STRATEGIES = ("hybrid", "p2c", "least_queue", "baseline_rr")
+SECTIONS = ("steady", "many", "hedging", "overload")
+STEADY_LOAD = 0.8
+HEDGE_LOAD = 0.5
+OVERLOAD = 1.5
+OVERLOAD_S = 10.0
+DOORS = 3
+"""Front doors in the ``many`` section."""
+P99_VS_LR_BAR = 0.7
+P99_VS_NGINX_BAR = 0.8
+P50_OVER_NGINX_MS = 1.0
 P999_CUT_BAR = 3.0
 EXTRA_BAR = 0.05
+CLAIRVOYANT_BAR = 1.5
+RECOVERY_BAR_S = 5.0
+RECOVERY_WITHIN = 1.2
+WINDOW_S = 3.0
+"""Recovery's sliding window: about 1,000 requests at 80% load, so its p99 rests on ~10
+samples (a 1-s window's p99 swung 22-55 ms in steady state, and 1.2x could not be read
+off it)."""
+WINDOW_STEP = 0.5
 
 
 # --- the router (a child process) ---------------------------------------------------------------
@@ -121,6 +150,7 @@ async def _router_child(spec: dict[str, Any]) -> int:
     answer ``start POLICY`` (a fresh scorer and router; prints its address), ``finish``
     (stops it; prints its counters), ``cpu`` and ``stop`` on stdin, one JSON line each."""
     from adapters.triton import TritonEndpoint
+    from meshd import collector
     from meshd.fused import FusedState
     from meshd.router import server as router_server
     from meshd.router.scoring import LocalScoring
@@ -141,6 +171,7 @@ async def _router_child(spec: dict[str, Any]) -> int:
     for plane in planes.values():
         await plane.start()
     relays = [loop.create_task(relay(n, p)) for n, p in planes.items()]
+    collector.settle()  # as the agent does once it has started
     print(json.dumps({"pid": os.getpid()}), flush=True)
 
     case: dict[str, Any] = {}
@@ -221,57 +252,67 @@ async def _router_child(spec: dict[str, Any]) -> int:
     return 0
 
 
-# --- load ---------------------------------------------------------------------------------------
+# --- the schedule of pauses, and the clairvoyant router ------------------------------------
 
 
-def clairvoyant(service_s: list[float], stalling: int, stall_s: float, stall_rate: float,
-                rate: float, duration: float, seed: int) -> dict[str, float]:
-    """Latency quantiles (ms, queue + service only) under a router no real one can match.
-
-    It knows every replica's exact remaining work (stalls included, from the instant they
-    start) and sends each request to the replica that will finish it first; a request whose
-    service stalls is moved at once and for free to the best other replica (an instant hedge
-    that costs nothing and leaves no orphan), while the stalled replica stays blocked for
-    the stall.  Replicas are FIFO single servers with the deterministic ``service_s``, as
-    the ``delay`` model is.  Its p99.9 under stalls is how low hedging could bring the tail,
-    so it tells whether a cut is out of reach for any router (queues built while a stall
-    takes capacity away must drain at the load's spare capacity, hedged or not).
-    """
+def pause_schedule(seed: int, start: float, end: float, every: float,
+                   length: float) -> list[tuple[float, float]]:
+    """Pauses (``(start, end)`` offsets in a run, s) between ``start`` and ``end``: gaps of
+    ``every`` times a uniform draw in [0.5, 1.5), from ``seed``; the same for every run."""
     rng = random.Random(seed)
+    out = []
+    t = start + every * rng.uniform(0.25, 1.0)
+    while t + length <= end:
+        out.append((t, t + length))
+        t += length + every * rng.uniform(0.5, 1.5)
+    return out
+
+
+def arrivals(seed: int, phases: Sequence[tuple[float, float]]) -> list[float]:
+    """Poisson arrival offsets (s) for ``phases`` of ``(seconds, rate)``, from ``seed``."""
+    rng = random.Random(seed)
+    out: list[float] = []
+    t0 = 0.0
+    for seconds, rate in phases:
+        t = t0 + rng.expovariate(rate)
+        while t < t0 + seconds:
+            out.append(t)
+            t += rng.expovariate(rate)
+        t0 += seconds
+    return out
+
+
+def clairvoyant(service_s: Sequence[float], stalling: int,
+                pauses: Sequence[tuple[float, float]], times: Sequence[float]) -> list[float]:
+    """Latencies (ms, queue + service only) under a router no real one can match.
+
+    It knows every replica's exact remaining work and every pause ahead of time, and sends
+    each request (arriving at ``times``) to the replica that will finish it first.  Replicas
+    are FIFO single servers with the deterministic ``service_s``, as the ``delay`` model is;
+    replica ``stalling`` freezes during ``pauses`` (a service that meets a pause is held for
+    the rest of it).  Its tail under pauses is how low any routing, hedged or not, could
+    bring the tail: while a 1x replica is frozen at 80% load the others have less capacity
+    than the load, and the queue that builds drains only at the spare capacity.
+    """
     n = len(service_s)
     free = [0.0] * n
-    others = [i for i in range(n) if i != stalling]
-    lat: list[float] = []
-    t = 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= duration:
-            break
-        best = min(range(n), key=lambda i: max(t, free[i]) + service_s[i])
-        if best == stalling and rng.random() < stall_rate:
-            free[best] = max(t, free[best]) + service_s[best] + stall_s
-            best = min(others, key=lambda i: max(t, free[i]) + service_s[i])
-        free[best] = max(t, free[best]) + service_s[best]
-        lat.append((free[best] - t) * 1e3)
-    return distribution(lat)
 
+    def finish(i: int, t: float) -> float:
+        start = max(t, free[i])
+        end = start + service_s[i]
+        if i == stalling:
+            for a, b in pauses:
+                if a < end and b > start:
+                    end += b - max(a, start)
+        return end
 
-def clairvoyant_p999(capacity: list[float], args: argparse.Namespace,
-                     rate: float) -> dict[str, float]:
-    """The median over ``CLAIRVOYANT_RUNS`` simulated runs of the bench's length of
-    :func:`clairvoyant`'s p99.9, with and without stalls, at the measured service times
-    (1 / saturated throughput; the stalling replica's is its speed times the fastest other
-    replica's per-speed time, as its own measured throughput includes stalls)."""
-    service = [1.0 / c if c > 0 else math.inf for c in capacity]
-    per_x = min(s / x for i, (s, x) in enumerate(zip(service, SPEEDS, strict=True))
-                if i != args.stalling)
-    service[args.stalling] = per_x * SPEEDS[args.stalling]
-    out = {}
-    for label, stall_rate in (("stalls", args.stall_rate), ("no_stalls", 0.0)):
-        p = [clairvoyant(service, args.stalling, args.stall_ms / 1e3, stall_rate, rate,
-                         args.duration, seed)["p999"] for seed in range(CLAIRVOYANT_RUNS)]
-        out[label] = statistics.median(p)
-    return out
+    lat = []
+    for t in times:
+        ends = [finish(i, t) for i in range(n)]
+        best = min(range(n), key=ends.__getitem__)
+        free[best] = ends[best]
+        lat.append((ends[best] - t) * 1e3)
+    return lat
 
 
 def request_bytes() -> bytes:
@@ -288,17 +329,20 @@ def request_bytes() -> bytes:
     return req.SerializeToString()
 
 
-class Paths:
-    """Where a request goes: the router, or a replica this process picks."""
+# --- front doors and load ------------------------------------------------------------------------
 
-    def __init__(self, router: str | None, replicas: list[str], how: str,
-                 rng: random.Random) -> None:
+
+class Door:
+    """Where one share of the requests goes: a router or NGINX (one address), or the replicas
+    themselves, picked by this door in turn or by Envoy's least-request (two random replicas,
+    the one with fewer of *this door's* requests outstanding wins)."""
+
+    def __init__(self, addrs: list[str], how: str, rng: random.Random) -> None:
         import grpc
 
         self.grpc = grpc
         self.how = how
         self.rng = rng
-        addrs = [router] if router else replicas
         self.channels = [grpc.aio.insecure_channel(a) for a in addrs]
         self.calls = [ch.unary_unary(METHOD) for ch in self.channels]
         self.outstanding = [0] * len(addrs)
@@ -311,7 +355,7 @@ class Paths:
         if self.how == "round_robin":
             self._next = (self._next + 1) % n
             return self._next
-        a, b = self.rng.sample(range(n), 2)  # least_request: Envoy's default, P2C
+        a, b = self.rng.sample(range(n), 2)
         return b if self.outstanding[b] < self.outstanding[a] else a
 
     async def send(self, raw: bytes, timeout: float) -> str:
@@ -330,45 +374,94 @@ class Paths:
             await ch.close()
 
 
-async def open_loop(paths: Paths, raw: bytes, rate: float, warmup: float, duration: float,
+async def open_loop(doors: list[Door], raw: bytes, times: list[float], t0: float,
                     timeout: float, rng: random.Random,
-                    trace: Path | None = None) -> dict[str, Any]:
-    """Poisson arrivals at ``rate`` for ``warmup + duration`` seconds; the measured window's
-    latencies (from each scheduled arrival), outcomes and the generator's lag (and, with
-    ``trace``, every request's (arrival, latency, outcome) written there)."""
+                    trace: Path | None = None) -> list[tuple[float, float, str, int, float]]:
+    """Send one request at each of ``times`` (offsets from ``t0`` on the loop's clock, which is
+    ``time.monotonic()``) through a door drawn at random; every request's ``(arrival offset,
+    latency s, outcome, door, generator lag s)``."""
     loop = asyncio.get_running_loop()
-    records: list[tuple[float, float, str, float]] = []
+    records: list[tuple[float, float, str, int, float]] = []
     tasks: set[asyncio.Task[None]] = set()
 
-    async def one(at: float) -> None:
-        lag = loop.time() - at
-        code = await paths.send(raw, timeout)
-        records.append((at, loop.time() - at, code, lag))
+    async def one(at: float, door: int) -> None:
+        lag = loop.time() - (t0 + at)
+        code = await doors[door].send(raw, timeout)
+        records.append((at, loop.time() - t0 - at, code, door, lag))
 
-    t0 = loop.time() + 0.05
-    measure_from, end = t0 + warmup, t0 + warmup + duration
-    at = t0
-    while at < end:
-        now = loop.time()
-        if at > now:
-            await asyncio.sleep(at - now)
-            now = loop.time()
-        while at <= now and at < end:
-            task = loop.create_task(one(at))
+    n = len(doors)
+    i = 0
+    while i < len(times):
+        now = loop.time() - t0
+        if times[i] > now:
+            await asyncio.sleep(times[i] - now)
+            now = loop.time() - t0
+        while i < len(times) and times[i] <= now:
+            task = loop.create_task(one(times[i], rng.randrange(n) if n > 1 else 0))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-            at += rng.expovariate(rate)
+            i += 1
     while tasks:
         await asyncio.gather(*list(tasks))
-    window = [r for r in records if r[0] >= measure_from]
+    records.sort()
     if trace is not None:
-        trace.write_text(json.dumps([r[:3] for r in sorted(window)]))
-    ok = sorted(r[1] * 1e3 for r in window if r[2] == "OK")
-    outcomes = Counter(r[2] for r in window)
-    lat = distribution(ok)
-    return {"arrivals": len(window), "ok": len(ok), "outcomes": dict(outcomes),
-            "failed": len(window) - len(ok), "throughput": len(ok) / duration,
-            "latency_ms": lat, "lag_ms": distribution([r[3] * 1e3 for r in window])}
+        trace.write_text(json.dumps([r[:4] for r in records]))
+    return records
+
+
+def outcome(records: list[tuple[float, float, str, int, float]], start: float, end: float,
+            doors: int) -> dict[str, Any]:
+    """Latency (ms, OK requests), outcomes and lag of the requests that arrived in
+    ``[start, end)``, overall and per door."""
+    window = [r for r in records if start <= r[0] < end]
+    ok = [r[1] * 1e3 for r in window if r[2] == "OK"]
+    out: dict[str, Any] = {
+        "arrivals": len(window), "ok": len(ok), "failed": len(window) - len(ok),
+        "outcomes": dict(Counter(r[2] for r in window)),
+        "throughput": len(ok) / max(1e-9, end - start), "latency_ms": distribution(ok),
+        "lag_ms": distribution([r[4] * 1e3 for r in window]),
+        "beyond_p99": len(ok) // 100}
+    if doors > 1:
+        out["doors_p99_ms"] = [distribution([r[1] * 1e3 for r in window
+                                             if r[3] == d and r[2] == "OK"]).get("p99", 0.0)
+                               for d in range(doors)]
+    return out
+
+
+def recovery(records: list[tuple[float, float, str, int, float]], steady_p99_ms: float,
+             over_end: float, end: float) -> float:
+    """Seconds from ``over_end`` until the start of the first sliding ``WINDOW_S`` window (by
+    arrival, steps of ``WINDOW_STEP``) from which on every window has a p99 within
+    ``RECOVERY_WITHIN`` x ``steady_p99_ms`` and no failed request; ``inf`` when the run ends
+    first."""
+    bad_until = over_end
+    t = over_end
+    step = WINDOW_STEP
+    while t + WINDOW_S <= end + 1e-9:
+        window = [r for r in records if t <= r[0] < t + WINDOW_S]
+        lat = sorted(r[1] * 1e3 for r in window if r[2] == "OK")
+        failed = any(r[2] != "OK" for r in window)
+        if failed or not lat or quantile(lat, 0.99) > RECOVERY_WITHIN * steady_p99_ms:
+            bad_until = t + step  # the next window is the first that may be good
+        t += step
+    if bad_until + WINDOW_S > end:
+        return math.inf
+    return bad_until - over_end
+
+
+def timeline(records: list[tuple[float, float, str, int, float]], start: float,
+             end: float, step: float = 0.5) -> list[tuple[float, int, int, float, float]]:
+    """``(bin start, arrivals, failed, p50 ms, p99 ms)`` per ``step`` s bin, by arrival."""
+    out = []
+    t = start
+    while t < end:
+        window = [r for r in records if t <= r[0] < t + step]
+        lat = sorted(r[1] * 1e3 for r in window if r[2] == "OK")
+        out.append((round(t, 2), len(window), sum(r[2] != "OK" for r in window),
+                    round(quantile(lat, 0.5), 1) if lat else math.nan,
+                    round(quantile(lat, 0.99), 1) if lat else math.nan))
+        t += step
+    return out
 
 
 async def closed_loop(addr: str, raw: bytes, concurrency: int, warmup: float,
@@ -420,11 +513,10 @@ def pending(server: Any) -> int:
     return sum(parse_pending(text).pending.values())
 
 
-def drain(servers: list[Any], timeout: float = 120.0) -> float:
+def drain(servers: list[Any], timeout: float = 180.0) -> float:
     """Wait until no replica has requests queued; the seconds it took.  A case that overloads
-    a replica (round robin on the 5x one) leaves it a queue that outlives the case's
-    deadlines - Triton runs requests whose clients gave up - and the next case must not
-    inherit it."""
+    a replica leaves it a queue that outlives the case's deadlines - Triton runs requests
+    whose clients gave up - and the next case must not inherit it."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if all(pending(s) == 0 for s in servers):
@@ -434,217 +526,377 @@ def drain(servers: list[Any], timeout: float = 120.0) -> float:
     return time.monotonic() - t0
 
 
-def cases(args: argparse.Namespace) -> list[str]:
-    out = [f"router/{s}/{h}" for s in args.strategies for h in ("hedge", "no-hedge")]
-    return out + [f"client/{c}" for c in args.clients]
+@dataclasses.dataclass
+class Fleet:
+    """What the cases run against, started once."""
+
+    servers: list[Any]
+    routers: list[Child]
+    nginx: list[Any]
+    """One NGINX per door (``least_conn`` over every replica)."""
+    capacity: list[float]
+    raw: bytes
+
+    @property
+    def total(self) -> float:
+        return sum(self.capacity)
 
 
-def run_case(case: str, rate: float, args: argparse.Namespace, router: Child,
-             servers: list[Any], raw: bytes, seed: int) -> dict[str, Any]:
+def run_case(case: str, doors: int, phases: list[tuple[float, float]], measure: tuple[float, float],
+             pauses: list[tuple[float, float]], seed: int, fleet: Fleet,
+             args: argparse.Namespace, label: str) -> dict[str, Any]:
+    """One run of ``case`` through ``doors`` front doors: load in ``phases`` (arrivals from
+    ``seed``), the stalling replica paused at ``pauses`` (run offsets); the requests that
+    arrived in the ``measure`` window (offsets) are the result (``records`` keeps them all)."""
     kind, *rest = case.split("/")
-    trace_name = f"{rate:.0f}-{case.replace('/', '-')}-{seed}"
-
-    addr = None
+    trace = args.trace and args.trace / f"{label}-{case.replace('/', '-')}-{seed}"
+    addrs: list[list[str]] = []
+    routers = fleet.routers[:doors]
     if kind == "router":
-        strategy, hedging = rest
-        policy: dict[str, Any] = {"strategy": strategy}
-        if hedging == "no-hedge":
+        policy: dict[str, Any] = {"strategy": rest[0]}
+        if rest[1:] == ["no-hedge"]:
             policy["hedge_budget"] = 0.0
-        if args.trace:
-            policy["trace"] = str(args.trace / f"{trace_name}.router.json")
-        out = router.cmd("start " + json.dumps(policy))
-        if "error" in out:
-            raise RuntimeError(f"router start: {out['error']}")
-        addr = out["addr"]
-    drained = drain(servers)
-    before = [served(s) for s in servers]
-    rng = random.Random(seed)
-    others = Others(lambda: sum(proc_cpu_s(p) or 0.0 for p in pids(router, servers)))
+        for i, router in enumerate(routers):
+            p = dict(policy)
+            if trace:
+                p["trace"] = f"{trace}.router{i}.json"
+            out = router.cmd("start " + json.dumps(p))
+            if "error" in out:
+                raise RuntimeError(f"router start: {out['error']}")
+            addrs.append([out["addr"]])
+    elif kind == "nginx":
+        addrs = [[n.grpc_addr] for n in fleet.nginx[:doors]]
+    else:
+        addrs = [[s.grpc_url for s in fleet.servers]] * doors
+    drained = drain(fleet.servers)
+    before = [served(s) for s in fleet.servers]
+    times = arrivals(seed, phases)
+    pick_rng = random.Random(seed * 7919 + 1)
+    others = Others(lambda: sum(proc_cpu_s(p) or 0.0 for p in pids(fleet)))
+    stalling = fleet.servers[args.stalling]
+    t0 = time.monotonic() + 0.3
+    delay_ms = args.service_ms * SPEEDS[args.stalling] - MODEL_BASE_MS
+    stalling.set_behaviour(MODEL, delay_ms=delay_ms,
+                           pauses=[(t0 + a, t0 + b) for a, b in pauses])
 
-    async def go() -> dict[str, Any]:
-        paths = Paths(addr, [s.grpc_url for s in servers],
-                      rest[0] if kind == "client" else "", rng)
+    async def go() -> list[tuple[float, float, str, int, float]]:
+        ds = [Door(a, rest[0] if kind == "client" else "", pick_rng) for a in addrs]
         try:
-            return await open_loop(paths, raw, rate, args.warmup, args.duration,
-                                   args.timeout, rng, args.trace and
-                                   args.trace / f"{trace_name}.client.json")
+            return await open_loop(ds, fleet.raw, times, t0, args.timeout, pick_rng,
+                                   trace and Path(f"{trace}.client.json"))
         finally:
-            await paths.close()
+            for d in ds:
+                await d.close()
 
-    result = asyncio.run(go())
+    records = asyncio.run(go())
+    stalling.set_behaviour(MODEL, delay_ms=delay_ms)
+    result = outcome(records, *measure, doors)
+    result["records"] = records
     result["machine"] = others.done()
     result["drained_s"] = drained
-    after = [served(s) for s in servers]
+    result["pauses_measured"] = sum(1 for a, _ in pauses if measure[0] <= a < measure[1])
+    after = [served(s) for s in fleet.servers]
     result["replica_requests"] = [b - a for a, b in zip(before, after, strict=True)]
     if kind == "router":
-        counters = router.cmd("finish")
-        result["counters"] = counters
-        c = counters["router"]
-        requests = max(1, c["requests"])
-        result["hedge_rate"] = c["hedged"] / requests
-        result["hedge_won_rate"] = c["hedge_won"] / requests
-        result["extra_rate"] = (c["hedged"] + c["failovers"]) / requests
-        result["shed"] = sum(c["shed"].values())
+        totals: Counter[str] = Counter()
+        shed: Counter[str] = Counter()
+        for router in routers:
+            c = router.cmd("finish")
+            r = c["router"]
+            for k in ("requests", "hedged", "hedge_won", "failovers"):
+                totals[k] += r[k]
+            shed.update(r["shed"])
+        n = max(1, totals["requests"])
+        result["hedge_rate"] = totals["hedged"] / n
+        result["hedge_won_rate"] = totals["hedge_won"] / n
+        result["extra_rate"] = (totals["hedged"] + totals["failovers"]) / n
+        result["shed"] = sum(shed.values())
+        result["shed_reasons"] = {k: v for k, v in shed.items() if v}
     return result
 
 
-def pids(router: Child, servers: list[Any]) -> list[int]:
-    out = [os.getpid(), router.pid]
-    for s in servers:
+def pids(fleet: Fleet) -> list[int]:
+    out = [os.getpid(), *(r.pid for r in fleet.routers)]
+    for n in fleet.nginx:
+        out += n.pids()
+    for s in fleet.servers:
         out += [p for p in [s.pid, *s.child_pids()] if p]
     return out
 
 
-def measure(args: argparse.Namespace, servers: list[Any], router: Child) -> dict[str, Any]:
-    raw = request_bytes()
-    capacity = []
-    for i, server in enumerate(servers):
-        rps = asyncio.run(closed_loop(server.grpc_url, raw, args.capacity_concurrency, 1.0,
-                                      args.capacity_duration))
-        capacity.append(rps)
+def measure_capacity(fleet: Fleet, args: argparse.Namespace) -> None:
+    for i, server in enumerate(fleet.servers):
+        rps = asyncio.run(closed_loop(server.grpc_url, fleet.raw, args.capacity_concurrency,
+                                      1.0, args.capacity_duration))
+        fleet.capacity.append(rps)
         log(f"replica {i} ({SPEEDS[i]}x): {rps:.0f} req/s saturated")
-    total = sum(capacity)
-    bound = {f"{load:g}": clairvoyant_p999(capacity, args, load * total) for load in args.loads}
-    log("clairvoyant router's p99.9 (stalls / none): " + ", ".join(
-        f"{float(k):.0%} {v['stalls']:.1f} / {v['no_stalls']:.1f} ms" for k, v in bound.items()))
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    names = cases(args)
-    seed = args.seed
-    for rep in range(args.repeats):
-        for load in args.loads:
-            rate = load * total
-            order = names[rep % len(names):] + names[:rep % len(names)]
-            for case in order:
-                seed += 1
-                r = run_case(case, rate, args, router, servers, raw, seed)
-                runs.setdefault(f"{load:g}", {}).setdefault(case, []).append(r)
-                lat = r["latency_ms"]
-                log(f"repeat {rep + 1}/{args.repeats} load {load:.0%} ({rate:.0f}/s) {case}: "
-                    f"p50 {lat.get('p50', 0):.1f} p99 {lat.get('p99', 0):.1f} "
-                    f"p99.9 {lat.get('p999', 0):.1f} ms, failed {r['failed']}, "
-                    f"hedges {r.get('hedge_rate', 0):.1%}, to replicas "
-                    f"{r['replica_requests']}, other CPU "
-                    f"{r['machine']['other_cores'] or 0:.2f} cores")
-    return {"capacity": capacity, "capacity_total": total, "clairvoyant_p999": bound,
-            "runs": runs}
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over the repeats of one case."""
+def service_times(fleet: Fleet, args: argparse.Namespace) -> list[float]:
+    """1 / saturated throughput per replica, for the clairvoyant router."""
+    return [1.0 / c if c > 0 else math.inf for c in fleet.capacity]
 
-    def med(get: Callable[[dict[str, Any]], float]) -> float:
-        return statistics.median(get(r) for r in runs)
 
-    out: dict[str, Any] = {
-        q: med(lambda r, q=q: r["latency_ms"].get(q, float("nan")))  # type: ignore[misc]
-        for q in ("p50", "p99", "p999")}
-    out["throughput"] = med(lambda r: r["throughput"])
-    out["failed_total"] = sum(r["failed"] for r in runs)
-    out["arrivals_total"] = sum(r["arrivals"] for r in runs)
-    out["outcomes"] = dict(sum((Counter(r["outcomes"]) for r in runs), Counter()))
-    out["lag_p99"] = med(lambda r: r["lag_ms"].get("p99", 0.0))
-    out["other_cores"] = med(lambda r: r["machine"]["other_cores"] or 0.0)
-    total = [sum(r["replica_requests"]) or 1 for r in runs]
-    out["replica_share"] = [statistics.median(r["replica_requests"][i] / t
-                                              for r, t in zip(runs, total, strict=True))
-                            for i in range(len(SPEEDS))]
-    if "hedge_rate" in runs[0]:
-        out["hedge_rate"] = med(lambda r: r["hedge_rate"])
-        out["hedge_won_rate"] = med(lambda r: r["hedge_won_rate"])
-        out["extra_rate"] = med(lambda r: r["extra_rate"])
-        out["shed_total"] = sum(r["shed"] for r in runs)
+def section_cases(section: str, args: argparse.Namespace) -> tuple[list[str], dict[str, int]]:
+    """The section's cases in run order, and how many repeats each gets."""
+    others = [s for s in args.strategies if s != "hybrid"]
+    if section == "steady":
+        main = ["router/hybrid", "router/hybrid/no-hedge", "client/round_robin",
+                "client/least_request"] + (["nginx/least_conn"] if args.nginx else [])
+        extra = [f"router/{s}" for s in others]
+    elif section == "many":
+        main = ["router/hybrid", "client/least_request"] + (
+            ["nginx/least_conn"] if args.nginx else [])
+        extra = []
+    elif section == "hedging":
+        main, extra = ["router/hybrid", "router/hybrid/no-hedge"], []
+    else:
+        main = ["router/hybrid", "client/least_request"] + (
+            ["nginx/least_conn"] if args.nginx else [])
+        extra = []
+    repeats = {c: args.repeats for c in main} | {c: args.other_repeats for c in extra}
+    if section == "overload":
+        repeats = dict.fromkeys(main, args.overload_repeats)
+    return main + extra, repeats
+
+
+def run_section(section: str, fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
+    total = fleet.total
+    doors = DOORS if section == "many" else 1
+    warm, dur = args.warmup, args.duration
+    if section == "overload":
+        pre, post = args.overload_pre, args.overload_post
+        phases = [(pre, STEADY_LOAD * total), (OVERLOAD_S, OVERLOAD * total),
+                  (post, STEADY_LOAD * total)]
+        window = (warm, pre + OVERLOAD_S + post)
+        pauses: list[tuple[float, float]] = []
+    else:
+        load = HEDGE_LOAD if section == "hedging" else STEADY_LOAD
+        phases = [(warm + dur, load * total)]
+        window = (warm, warm + dur)
+        pauses = pause_schedule(args.seed, 0.5, warm + dur, args.stall_every,
+                                args.stall_ms / 1e3)
+    names, repeats = section_cases(section, args)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for rep in range(max(repeats.values())):
+        todo = [c for c in names if repeats[c] > rep]
+        order = todo[rep % len(todo):] + todo[:rep % len(todo)]
+        seed = args.seed * 1000 + rep
+        for case in order:
+            r = run_case(case, doors, phases, window, pauses, seed, fleet, args, section)
+            records = r.pop("records")
+            if section == "overload":
+                pre_lat = sorted(x[1] * 1e3 for x in records
+                                 if warm <= x[0] < args.overload_pre and x[2] == "OK")
+                steady = quantile(pre_lat, 0.99) if pre_lat else math.nan
+                over_end = args.overload_pre + OVERLOAD_S
+                r["steady_p99_ms"] = steady
+                r["recovery_s"] = recovery(records, steady, over_end,
+                                           over_end + args.overload_post)
+                r["overload"] = outcome(records, args.overload_pre, over_end, doors)
+                r["timeline"] = timeline(records, warm, over_end + args.overload_post)
+                r["after"] = outcome(records, over_end, over_end + args.overload_post, doors)
+            runs.setdefault(case, []).append(r)
+            lat = r["latency_ms"]
+            log(f"{section} repeat {rep + 1} {case}: p50 {lat.get('p50', 0):.1f} p99 "
+                f"{lat.get('p99', 0):.1f} p99.9 {lat.get('p999', 0):.1f} ms, failed "
+                f"{r['failed']}/{r['arrivals']} {r['outcomes']}, shed {r.get('shed', 0)}, "
+                f"hedges {r.get('hedge_rate', 0):.1%}, to replicas {r['replica_requests']}"
+                + (f", recovery {r['recovery_s']:.2f} s (steady p99 "
+                   f"{r['steady_p99_ms']:.1f} ms)" if section == "overload" else "")
+                + f", other CPU {r['machine']['other_cores'] or 0:.2f} cores")
+    out: dict[str, Any] = {"doors": doors, "phases": phases, "window": window,
+                           "pauses": pauses, "runs": runs}
+    if section != "overload":
+        service = service_times(fleet, args)
+        p999 = []
+        p99 = []
+        for rep in range(args.repeats):
+            times = [t for t in arrivals(args.seed * 1000 + rep, phases)]
+            lat = clairvoyant(service, args.stalling, pauses, times)
+            d = distribution([x for t, x in zip(times, lat, strict=True)
+                              if window[0] <= t < window[1]])
+            p99.append(d["p99"])
+            p999.append(d["p999"])
+        out["clairvoyant"] = {"p99": statistics.median(p99), "p999": statistics.median(p999)}
     return out
 
 
-def replica_labels(stalling: int) -> str:
-    """``1x, 1x*, 2x, 5x``: the speeds, the stalling replica starred."""
-    return ", ".join(f"{x}x" + ("*" if i == stalling else "") for i, x in enumerate(SPEEDS))
+# --- the verdict ----------------------------------------------------------------------------------
 
 
-def head(stalling: int) -> list[str]:
-    return ["load", "case", "p50 ms", "p99 ms", "p99.9 ms", "req/s", "failed", "hedged",
-            f"to replicas ({replica_labels(stalling).replace(' ', '')})"]
+def spread(values: list[float], fmt: str = "{:.1f}") -> str:
+    """``median (min-max)``."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return (f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-"
+            f"{fmt.format(max(values))})")
 
 
-def build(results: dict[str, Any]) -> tuple[list[list[str]], list[list[str]],
-                                              dict[str, Any]]:
-    m = results["measure"]
-    summary = {load: {case: summarize(rs) for case, rs in by_case.items()}
-               for load, by_case in m["runs"].items()}
-    rows = []
-    for load, by_case in summary.items():
-        for case, s in by_case.items():
-            rows.append([f"{float(load):.0%}", case, f"{s['p50']:.1f}", f"{s['p99']:.1f}",
-                         f"{s['p999']:.1f}", f"{s['throughput']:.0f}",
-                         f"{s['failed_total']}/{s['arrivals_total']}",
-                         f"{s['hedge_rate']:.1%}" if "hedge_rate" in s else "-",
-                         " ".join(f"{x:.0%}" for x in s["replica_share"])])
+def q(runs: list[dict[str, Any]], key: str) -> list[float]:
+    return [r["latency_ms"].get(key, math.nan) for r in runs]
+
+
+def shares(runs: list[dict[str, Any]]) -> list[float]:
+    """Each replica's median share of the upstream requests over the runs."""
+    n = len(runs[0]["replica_requests"])
+    return [statistics.median(r["replica_requests"][i] / (sum(r["replica_requests"]) or 1)
+                              for r in runs) for i in range(n)]
+
+
+def paired(a: list[dict[str, Any]], b: list[dict[str, Any]],
+           f: Callable[[dict[str, Any], dict[str, Any]], float]) -> list[float]:
+    """``f`` of the runs of two cases with the same repeat index."""
+    return [f(x, y) for x, y in zip(a, b, strict=False)]
+
+
+def ratio_bar(name: str, vals: list[float], bar: float, beats: Callable[[float], bool],
+              higher: bool = False) -> list[str]:
+    """A row: the median over paired repeats must meet ``bar`` and every repeat ``beats``."""
+    if not vals:
+        return [name, "not run", "", "-"]
+    med = statistics.median(vals)
+    ok = (med >= bar if higher else med <= bar) and all(beats(v) for v in vals)
+    return [name, f"{spread(vals, '{:.2f}')}; every repeat beats the baseline: "
+            f"{'yes' if all(beats(v) for v in vals) else 'no'}",
+            f"{'>=' if higher else '<='} {bar:g}", verdict(ok)]
+
+
+def build(results: dict[str, Any], capacity: list[float]) -> tuple[list[list[str]],
+                                                                   list[list[str]]]:
+    cap_share = [c / (sum(capacity) or 1) for c in capacity]
+    rows: list[list[str]] = []
     bars: list[list[str]] = []
-    at = summary.get(f"{BAR_LOAD:g}", {})
-    hyb, hyb_off, lr = (at.get(k) for k in ("router/hybrid/hedge", "router/hybrid/no-hedge",
-                                            "client/least_request"))
-    if hyb and lr:
-        ratio = hyb["p99"] / lr["p99"]
-        bars.append([f"hybrid p99 / client least-request p99 at {BAR_LOAD:.0%}",
-                     f"{hyb['p99']:.1f} / {lr['p99']:.1f} ms = {ratio:.2f}",
-                     f"<= {P99_RATIO_BAR}", verdict(ratio <= P99_RATIO_BAR)])
-    if hyb and hyb_off:
-        cut = hyb_off["p999"] / hyb["p999"]
-        bars.append([f"hedging's p99.9 cut (hybrid off / on) at {BAR_LOAD:.0%}",
-                     f"{hyb_off['p999']:.1f} / {hyb['p999']:.1f} ms = {cut:.2f}x",
-                     f">= {P999_CUT_BAR}x", verdict(cut >= P999_CUT_BAR)])
-        best = m.get("clairvoyant_p999", {}).get(f"{BAR_LOAD:g}")
-        if best:
-            bars.append([f"context: the cut a clairvoyant router would show (hybrid off / its "
-                         f"p99.9 with stalls, queue + service only) at {BAR_LOAD:.0%}",
-                         f"{hyb_off['p999']:.1f} / {best['stalls']:.1f} ms = "
-                         f"{hyb_off['p999'] / best['stalls']:.2f}x", "", "-"])
-        bars.append([f"hybrid's extra upstream requests (hedges + failovers) at "
-                     f"{BAR_LOAD:.0%}", f"{hyb['extra_rate']:.2%}", f"<= {EXTRA_BAR:.0%}",
-                     verdict(hyb["extra_rate"] <= EXTRA_BAR)])
-    router_failed = sum(s["failed_total"] for by_case in summary.values()
-                        for case, s in by_case.items() if case.startswith("router/"))
-    router_arrivals = sum(s["arrivals_total"] for by_case in summary.values()
-                          for case, s in by_case.items() if case.startswith("router/"))
-    bars.append(["failed requests through the router (every case and load, shed included)",
-                 f"{router_failed} of {router_arrivals}", "0", verdict(router_failed == 0)])
-    return rows, bars, summary
+    failed_router = shed_router = arrivals_router = 0
+    for section, sec in results.items():
+        runs = sec["runs"]
+        for case, rs in runs.items():
+            herd = max(s / c for s, c in zip(shares(rs), cap_share, strict=True) if c)
+            rows.append([
+                section + (f" x{sec['doors']}" if sec["doors"] > 1 else ""), case,
+                str(len(rs)), spread(q(rs, "p50")), spread(q(rs, "p99")),
+                spread(q(rs, "p999")),
+                f"{sum(r['failed'] for r in rs)}/{sum(r['arrivals'] for r in rs)}",
+                str(sum(r.get("shed", 0) for r in rs)) if case.startswith("router") else "-",
+                spread([r["hedge_rate"] * 100 for r in rs], "{:.1f}%")
+                if "hedge_rate" in rs[0] else "-",
+                str(min(r["beyond_p99"] for r in rs)),
+                " ".join(f"{x:.0%}" for x in shares(rs)) + f" ({herd:.2f})",
+                spread([r["recovery_s"] for r in rs], "{:.1f} s")
+                if "recovery_s" in rs[0] else str(rs[0]["pauses_measured"])])
+            if case.startswith("router/") and section != "overload":
+                failed_router += sum(r["failed"] for r in rs)
+                shed_router += sum(r.get("shed", 0) for r in rs)
+                arrivals_router += sum(r["arrivals"] for r in rs)
+        if "clairvoyant" in sec:
+            c = sec["clairvoyant"]
+            rows.append([section, "clairvoyant (simulated, queue + service only)", "-", "-",
+                         f"{c['p99']:.1f}", f"{c['p999']:.1f}", "-", "-", "-", "-", "-", "-"])
+        hyb = runs.get("router/hybrid", [])
+        where = f"{STEADY_LOAD:.0%}, {'three doors' if sec['doors'] > 1 else 'one door'}"
+        if section in ("steady", "many"):
+            for base, bar in (("client/least_request", P99_VS_LR_BAR),
+                              ("nginx/least_conn", P99_VS_NGINX_BAR)):
+                if base in runs:
+                    bars.append(ratio_bar(
+                        f"{where}: hybrid p99 / {base} p99",
+                        paired(hyb, runs[base], lambda a, b: a["latency_ms"]["p99"]
+                               / b["latency_ms"]["p99"]), bar, lambda v: v < 1.0))
+            if "nginx/least_conn" in runs:
+                diffs = paired(hyb, runs["nginx/least_conn"],
+                               lambda a, b: a["latency_ms"]["p50"] - b["latency_ms"]["p50"])
+                bars.append(ratio_bar(f"{where}: hybrid p50 - NGINX p50 (ms)", diffs,
+                                      P50_OVER_NGINX_MS, lambda v: v <= P50_OVER_NGINX_MS))
+        if section == "steady" and "router/hybrid/no-hedge" in runs:
+            off = runs["router/hybrid/no-hedge"]
+            bars.append(ratio_bar(f"{where}: hybrid p99 with hedging / without",
+                                  paired(hyb, off, lambda a, b: a["latency_ms"]["p99"]
+                                         / b["latency_ms"]["p99"]), 1.0, lambda v: v <= 1.0))
+            best = sec["clairvoyant"]["p999"]
+            bars.append(ratio_bar(f"{where}: hybrid p99.9 / the clairvoyant router's "
+                                  f"({best:.1f} ms)", [r["latency_ms"]["p999"] / best
+                                                      for r in hyb], CLAIRVOYANT_BAR,
+                                  lambda v: True))
+        if section == "hedging" and "router/hybrid/no-hedge" in runs:
+            off = runs["router/hybrid/no-hedge"]
+            bars.append(ratio_bar(f"{HEDGE_LOAD:.0%}: hedging's p99.9 cut (without / with)",
+                                  paired(off, hyb, lambda a, b: a["latency_ms"]["p999"]
+                                         / b["latency_ms"]["p999"]), P999_CUT_BAR,
+                                  lambda v: v > 1.0, higher=True))
+            extra = [r["extra_rate"] for r in hyb]
+            bars.append([f"{HEDGE_LOAD:.0%}: hybrid's extra upstream requests (hedges + "
+                         f"failovers)", spread([e * 100 for e in extra], "{:.2f}%"),
+                         f"<= {EXTRA_BAR:.0%}",
+                         verdict(statistics.median(extra) <= EXTRA_BAR)])
+        if section == "overload":
+            rec = [r["recovery_s"] for r in hyb]
+            bars.append([f"recovery after {OVERLOAD_S:g} s at {OVERLOAD:.0%}: router back "
+                         f"within {RECOVERY_WITHIN}x its p99", spread(rec, "{:.1f} s"),
+                         f"<= {RECOVERY_BAR_S:g} s", verdict(
+                             bool(rec) and max(rec) <= RECOVERY_BAR_S)])
+            for base in ("nginx/least_conn", "client/least_request"):
+                if base in runs:
+                    bars.append([f"  beside: {base}'s recovery",
+                                 spread([r["recovery_s"] for r in runs[base]], "{:.1f} s"),
+                                 "", "-"])
+    bars.append(["failed requests through the router, every strategy (below 100% load)",
+                 f"{failed_router} of {arrivals_router}", "0", verdict(failed_router == 0)])
+    bars.append(["shed requests below 100% load", f"{shed_router}", "0",
+                 verdict(shed_router == 0)])
+    return rows, bars
+
+
+HEAD = ["section", "case", "runs", "p50 ms", "p99 ms", "p99.9 ms", "failed", "shed",
+        "hedged", "beyond p99", "to replicas (busiest / its capacity share)",
+        "pauses / recovery"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke sizes (says so in the output)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per run")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--other-repeats", type=int, default=1,
+                    help="repeats of the strategies other than hybrid")
+    ap.add_argument("--overload-repeats", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=30.0, help="measured seconds per run")
     ap.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds per run")
-    ap.add_argument("--loads", default="0.5,0.8", help="shares of the measured capacity")
+    ap.add_argument("--overload-pre", type=float, default=10.0)
+    ap.add_argument("--overload-post", type=float, default=20.0)
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
-    ap.add_argument("--clients", default=",".join(CLIENT_SIDE),
-                    help="client-side cases (none: '')")
+    ap.add_argument("--no-nginx", dest="nginx", action="store_false")
     ap.add_argument("--service-ms", type=float, default=5.0, help="the 1x service time")
     ap.add_argument("--stall-ms", type=float, default=250.0)
-    ap.add_argument("--stall-rate", type=float, default=0.002)
+    ap.add_argument("--stall-every", type=float, default=4.0)
     ap.add_argument("--stalling", type=int, default=STALLING, choices=range(len(SPEEDS)),
-                    help=f"index of the replica that stalls (speeds {SPEEDS})")
+                    help=f"index of the replica that pauses (speeds {SPEEDS})")
     ap.add_argument("--timeout", type=float, default=5.0, help="each request's deadline, s")
     ap.add_argument("--capacity-concurrency", type=int, default=4)
     ap.add_argument("--capacity-duration", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs)")
     ap.add_argument("--trace", type=Path, help="write every request's timeline here (a "
-                    "directory): the client's arrivals and the router's attempts, per run")
+                    "directory): the client's arrivals and the routers' attempts, per run")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "routing.json")
     ap.add_argument("--router-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.router_child:
         return child_main(json.loads(args.router_child))
     if args.quick:
-        args.repeats, args.duration, args.warmup, args.capacity_duration = 1, 4.0, 1.5, 2.0
+        args.repeats, args.other_repeats, args.overload_repeats = 1, 1, 1
+        args.duration, args.warmup, args.capacity_duration = 5.0, 1.5, 2.0
+        args.overload_pre, args.overload_post = 4.0, 8.0
         if args.out == ap.get_default("out"):
             args.out = args.out.with_name("routing-quick.json")
-    args.loads = [float(x) for x in args.loads.split(",") if x]
+    args.sections = [s for s in args.sections.split(",") if s]
     args.strategies = [s for s in args.strategies.split(",") if s]
-    args.clients = [c for c in args.clients.split(",") if c]
+    if unknown := set(args.sections) - set(SECTIONS):
+        ap.error(f"unknown sections {sorted(unknown)}; known: {SECTIONS}")
+    if args.nginx and not nginx_mod.installed():
+        log("nginx not installed (apt-get install nginx-light): its cases are skipped")
+        args.nginx = False
     if args.trace:
         args.trace.mkdir(parents=True, exist_ok=True)
     if args.service_ms * min(SPEEDS) < MODEL_BASE_MS:
@@ -658,30 +910,40 @@ def main() -> int:
         f"{loadavg()}")
     servers = [TritonServer(DEFAULT_REPO, workdir / f"triton{i}", models=[MODEL],
                             name=f"triton{i}") for i in range(len(SPEEDS))]
-    router: Child | None = None
+    routers: list[Child] = []
+    nginxes: list[Any] = []
     results: dict[str, Any] = {}
     failed: list[str] = []
+    fleet: Fleet | None = None
     try:
         for i, server in enumerate(servers):
             server.start(timeout=180)
-            stall = (dict(spike_ms=args.stall_ms, spike_rate=args.stall_rate)
-                     if i == args.stalling else {})
-            server.set_behaviour(MODEL, delay_ms=args.service_ms * SPEEDS[i] - MODEL_BASE_MS,
-                                 **stall)
+            server.set_behaviour(MODEL, delay_ms=args.service_ms * SPEEDS[i] - MODEL_BASE_MS)
         log("replicas: " + ", ".join(f"{s.grpc_url} ({x}x)" for s, x in zip(
             servers, SPEEDS, strict=True)))
-        router = Child(__file__, "router", {"replicas": [
-            {"node": f"node-{i}", "grpc": s.grpc_url, "metrics": s.metrics_url}
-            for i, s in enumerate(servers)]}, workdir / "router.log")
+        spec = {"replicas": [{"node": f"node-{i}", "grpc": s.grpc_url,
+                              "metrics": s.metrics_url} for i, s in enumerate(servers)]}
+        n_routers = DOORS if "many" in args.sections else 1
+        routers = [Child(__file__, "router", spec, workdir / f"router{i}.log")
+                   for i in range(n_routers)]
+        if args.nginx:
+            nginxes = [nginx_mod.Nginx(workdir, grpc=[s.grpc_url for s in servers],
+                                       balance="least_conn", name=f"nginx{i}")
+                       for i in range(n_routers)]
+        fleet = Fleet(servers, routers, nginxes, [], request_bytes())
         time.sleep(2.0)  # the adapters' first statistics poll
-        try:
-            results["measure"] = measure(args, servers, router)
-        except Exception as exc:  # noqa: BLE001 - reported
-            failed.append(f"measure: {type(exc).__name__}: {exc}")
-            log(f"measure FAILED: {exc}")
+        measure_capacity(fleet, args)
+        for section in args.sections:
+            try:
+                results[section] = run_section(section, fleet, args)
+            except Exception as exc:  # noqa: BLE001 - reported
+                failed.append(f"{section}: {type(exc).__name__}: {exc}")
+                log(f"{section} FAILED: {exc}")
     finally:
-        if router is not None:
+        for router in routers:
             router.stop()
+        for n in nginxes:
+            n.stop()
         for server in servers:
             server.stop()
         if args.keep or failed:
@@ -690,31 +952,35 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     wall = time.perf_counter() - started
 
-    rows: list[list[str]] = []
-    bars: list[list[str]] = []
-    summary: dict[str, Any] = {}
-    if "measure" in results:
-        rows, bars, summary = build(results)
+    capacity = fleet.capacity if fleet else []
+    rows, bars = build(results, capacity) if results else ([], [])
     for f in failed:
         bars.append([f"section {f.split(':', 1)[0]}", f.split(":", 1)[1].strip()[:160], "",
                      "FAIL"])
-    m = results.get("measure", {})
-    columns = head(args.stalling)
-    title = (f"Routing: 4 Triton replicas ({replica_labels(args.stalling)} of "
-             f"{args.service_ms:g} ms; "
-             f"* stalls {args.stall_ms:g} ms on {args.stall_rate:.1%}), open-loop Poisson "
+    cap_share = [c / (sum(capacity) or 1) for c in capacity]
+    title = (f"Routing: 4 Triton replicas ({', '.join(f'{x}x' for x in SPEEDS)} of "
+             f"{args.service_ms:g} ms; replica {args.stalling} pauses {args.stall_ms:g} ms "
+             f"about every {args.stall_every:g} s on a fixed schedule), open-loop Poisson "
              f"load{': QUICK sizes' if args.quick else ''}")
     notes = [
-        f"capacity (saturated, summed): {m.get('capacity_total', 0):.0f} req/s = "
-        + " + ".join(f"{c:.0f}" for c in m.get("capacity", [])),
-        f"medians of {args.repeats} repeat(s) of {args.duration:g} s (after {args.warmup:g} s "
-        f"warm-up); 'failed' sums the repeats; 'to replicas' is the share of upstream "
-        f"requests (Triton's statistics, warm-up and hedges included)",
+        f"capacity (saturated, summed): {sum(capacity):.0f} req/s = "
+        + " + ".join(f"{c:.0f}" for c in capacity) + "; capacity shares "
+        + " ".join(f"{s:.0%}" for s in cap_share),
+        f"each cell: median over the runs (min-max); {args.duration:g} s measured after "
+        f"{args.warmup:g} s warm-up; overload: {args.overload_pre:g} s at "
+        f"{STEADY_LOAD:.0%}, {OVERLOAD_S:g} s at {OVERLOAD:.0%}, {args.overload_post:g} s at "
+        f"{STEADY_LOAD:.0%}, all measured (its p99 includes the overload); 'beyond p99' is "
+        f"the fewest samples past p99 in a run; 'to replicas' is each replica's share of the "
+        f"upstream requests (Triton's statistics, warm-up and hedges included), with the "
+        f"busiest one's share over its capacity share in brackets; 'pauses' counts the "
+        f"stalling replica's pauses in the measured window",
+        "ratios are per repeat (cases of the same repeat saw the same arrivals and pauses); "
+        "a bar passes when the median meets it and every repeat beats the baseline",
     ]
     print(f"\n{title} ({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
-    print_table(columns, rows)
+    print(format_table(HEAD, rows))
     print()
-    print_table(["bar", "measured", "target", "verdict"], bars)
+    print(format_table(["bar", "measured", "target", "verdict"], bars))
     for note in notes:
         print(f"\n* {note}")
     print(f"\nwall time {wall:.0f} s")
@@ -722,18 +988,20 @@ def main() -> int:
         "benchmark": "routing", "quick": args.quick, "argv": sys.argv,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
         "loadavg_end": loadavg(), "git": git_state(), "wall_s": wall,
+        "nginx": nginx_mod.version() if args.nginx else None,
         "setup": {k: v for k, v in vars(args).items() if k not in ("out", "router_child")},
-        "table": [dict(zip(columns, r, strict=True)) for r in rows],
+        "capacity": capacity,
+        "table": [dict(zip(HEAD, r, strict=True)) for r in rows],
         "bars": [dict(zip(["bar", "measured", "target", "verdict"], b, strict=True))
                  for b in bars],
-        "summary": summary, "notes": notes, "failed": failed, "results": results,
+        "notes": notes, "failed": failed, "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
     os.replace(tmp, args.out)
     md = args.out.with_suffix(".md")
-    md.write_text(f"# {title}\n\n{format_table(columns, rows)}\n\n"
+    md.write_text(f"# {title}\n\n{format_table(HEAD, rows)}\n\n"
                   f"{format_table(['bar', 'measured', 'target', 'verdict'], bars)}\n\n"
                   + "".join(f"* {n}\n" for n in notes)
                   + f"\ncommit {report['git']['commit'][:12]}, {report['when']}, wall "

@@ -244,14 +244,19 @@ def read_behaviour(control_path: Path) -> dict[str, dict[str, Any]]:
 
 
 def behaviour_entry(delay_ms: float = 0, jitter_ms: float = 0, fail: bool = False,
-                    stall: bool = False, spike_ms: float = 0,
-                    spike_rate: float = 0) -> dict[str, Any]:
-    """One model's behaviour as stored in the control file ({} = normal); checks the values."""
+                    stall: bool = False, spike_ms: float = 0, spike_rate: float = 0,
+                    pauses: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
+    """One model's behaviour as stored in the control file ({} = normal); checks the values.
+    ``pauses`` are ``(start, end)`` windows on ``time.monotonic()`` during which the replica
+    is frozen (see ``tests/triton_models/delay``)."""
     if delay_ms < 0 or jitter_ms < 0 or spike_ms < 0:
         raise ValueError(f"delay_ms, jitter_ms and spike_ms must be >= 0 "
                          f"(got {delay_ms}, {jitter_ms}, {spike_ms})")
     if not 0 <= spike_rate <= 1:
         raise ValueError(f"spike_rate must be in [0, 1] (got {spike_rate})")
+    windows = [[float(a), float(b)] for a, b in pauses]
+    if any(not a < b for a, b in windows):
+        raise ValueError(f"each pause must end after it starts (got {windows})")
     entry: dict[str, Any] = {}
     if delay_ms:
         entry["delay_ms"] = float(delay_ms)
@@ -260,6 +265,8 @@ def behaviour_entry(delay_ms: float = 0, jitter_ms: float = 0, fail: bool = Fals
     if spike_ms and spike_rate:
         entry["spike_ms"] = float(spike_ms)
         entry["spike_rate"] = float(spike_rate)
+    if windows:
+        entry["pauses"] = windows
     if fail:
         entry["fail"] = True
     if stall:
@@ -673,17 +680,19 @@ class TritonServer:
 
     def set_behaviour(self, model: str, delay_ms: float = 0, jitter_ms: float = 0,
                       fail: bool = False, stall: bool = False, wait: bool = True,
-                      spike_ms: float = 0, spike_rate: float = 0) -> None:
+                      spike_ms: float = 0, spike_rate: float = 0,
+                      pauses: Sequence[tuple[float, float]] = ()) -> None:
         """Change how ``model`` behaves on this server, while it runs; all defaults = normal.
 
         ``delay_ms`` is added to each request's service time, plus ``uniform(0, jitter_ms)``,
-        plus ``spike_ms`` on a random ``spike_rate`` share of requests;
+        plus ``spike_ms`` on a random ``spike_rate`` share of requests, plus the part of any
+        of ``pauses`` (``(start, end)`` on ``time.monotonic()``) it overlaps;
         ``fail`` makes each request return an error; ``stall`` holds requests (and so queues
         the ones behind them) until the behaviour changes, or 60 s. Only models that read the
         control file honour it (``delay`` in ``tests/triton_models``). With ``wait`` (default)
         this returns after the models' refresh interval, so the next request sees the change.
         Kept across :meth:`restart`."""
-        entry = behaviour_entry(delay_ms, jitter_ms, fail, stall, spike_ms, spike_rate)
+        entry = behaviour_entry(delay_ms, jitter_ms, fail, stall, spike_ms, spike_rate, pauses)
         with self._lock:
             if entry:
                 self._behaviours[model] = entry

@@ -87,6 +87,13 @@ requests for a model are ranked, admitted and hedged (meshd/score/):
     zone_penalty_ms (number >= 0, default 2): added to targets outside the router's zone.
     max_concurrency (int >= 1 | null, default null = adaptive only): requests for the model in
         flight from one agent, at most.
+    standing_queue_ms (number >= 0, default 100; 0 = off): overload shedding.  When the wait
+        a request would see at its first-ranked replica has stayed above this (or above four
+        of its service times, if more) for a second, requests that would wait longer are shed
+        (``standing_queue``) until the wait has stayed below it for a second: a queue that
+        outlasts a second is overload, not a burst, and holding it near the target instead of
+        at the clients' deadlines lets the fleet recover at once when the load falls
+        (meshd/score/standing.py).
 
 TrainingPlacement (placements; name = job id) — where a training job runs:
     node (node name, required): the node the job is placed on.
@@ -224,6 +231,8 @@ SPECS: Mapping[str, Object] = {
         "zone_penalty_ms": Field(Number(ge=0, le=60_000), 2.0, "cost of leaving the zone (ms)"),
         "max_concurrency": Field(Integer(ge=1, nullable=True), None,
                                  "in flight per model from one agent; null = adaptive only"),
+        "standing_queue_ms": Field(Number(ge=0, le=3_600_000), 100.0,
+                                   "shed once the wait stays above this for 1 s; 0 = off"),
     }),
     "TrainingPlacement": Object({
         "node": required(name_check(), "node the job runs on"),

@@ -1,32 +1,65 @@
-"""The routing bench's clairvoyant router: the yardstick its hedging bar is read against."""
+"""The routing bench's yardsticks: the clairvoyant router its hedging bar is read against,
+the schedule of pauses every case shares, and the recovery clock."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from bench.routing import clairvoyant
+from bench.routing import arrivals, clairvoyant, pause_schedule, recovery
+from bench.table import distribution
 
 SERVICE = [0.005, 0.005, 0.010, 0.025]
+CAPACITY = sum(1 / s for s in SERVICE)
 
 
 def test_an_idle_fleet_serves_each_request_on_the_fastest_replica_at_once() -> None:
-    out = clairvoyant(SERVICE, 1, 0.25, 0.0, rate=1.0, duration=200.0, seed=3)
+    times = arrivals(3, [(200.0, 1.0)])
+    out = distribution(clairvoyant(SERVICE, 1, [], times))
     assert out["n"] > 100
     assert out["min"] == pytest.approx(5.0) and out["max"] == pytest.approx(5.0)
 
 
-def test_stalls_raise_the_tail_under_load_even_with_free_instant_hedges() -> None:
-    """At 80% load a stall on a 1x replica leaves the rest short of capacity: the queue it
-    builds shows in the p99.9 however requests are routed."""
-    rate = 0.8 * sum(1 / s for s in SERVICE)
-    calm = clairvoyant(SERVICE, 1, 0.25, 0.0, rate, 20.0, seed=1)
-    stalls = clairvoyant(SERVICE, 1, 0.25, 0.002, rate, 20.0, seed=1)
-    assert stalls["p999"] > 1.5 * calm["p999"]
-    assert stalls["max"] < 250.0  # no request waits out a stall: it is moved at once
+def test_pauses_raise_the_tail_under_load_even_for_a_router_that_sees_them_coming() -> None:
+    """At 80% load a pause of a 1x replica leaves the rest short of capacity: the queue it
+    builds shows in the p99.9 however requests are routed, but no request waits it out."""
+    times = arrivals(1, [(20.0, 0.8 * CAPACITY)])
+    pauses = pause_schedule(1, 0.5, 20.0, 4.0, 0.25)
+    calm = distribution(clairvoyant(SERVICE, 1, [], times))
+    paused = distribution(clairvoyant(SERVICE, 1, pauses, times))
+    assert paused["p999"] > 1.5 * calm["p999"]
+    assert paused["max"] < 250.0
 
 
-def test_a_stall_on_a_replica_the_rest_can_cover_barely_shows() -> None:
-    rate = 0.5 * sum(1 / s for s in SERVICE)
-    calm = clairvoyant(SERVICE, 3, 0.25, 0.0, rate, 20.0, seed=2)
-    stalls = clairvoyant(SERVICE, 3, 0.25, 0.002, rate, 20.0, seed=2)
-    assert stalls["p999"] < 1.5 * calm["p999"]
+def test_a_pause_on_a_replica_the_rest_can_cover_barely_shows() -> None:
+    times = arrivals(2, [(20.0, 0.5 * CAPACITY)])
+    pauses = pause_schedule(2, 0.5, 20.0, 4.0, 0.25)
+    calm = distribution(clairvoyant(SERVICE, 3, [], times))
+    paused = distribution(clairvoyant(SERVICE, 3, pauses, times))
+    assert paused["p999"] < 1.5 * calm["p999"]
+
+
+def test_the_pause_schedule_is_the_same_for_a_seed_and_fits_the_run() -> None:
+    a = pause_schedule(7, 0.5, 33.0, 4.0, 0.25)
+    assert a == pause_schedule(7, 0.5, 33.0, 4.0, 0.25) != pause_schedule(8, 0.5, 33.0, 4.0,
+                                                                          0.25)
+    assert 5 <= len(a) <= 14
+    assert all(0.5 <= s < e <= 33.0 and e - s == pytest.approx(0.25) for s, e in a)
+    assert all(b[0] - a_[1] >= 4.0 * 0.5 for a_, b in zip(a, a[1:], strict=False))
+
+
+def test_arrivals_follow_each_phase_rate() -> None:
+    times = arrivals(5, [(10.0, 100.0), (10.0, 300.0)])
+    first = sum(1 for t in times if t < 10.0)
+    assert 900 < first < 1100 and 2700 < len(times) - first < 3300
+    assert times == sorted(times) and times == arrivals(5, [(10.0, 100.0), (10.0, 300.0)])
+
+
+def test_recovery_is_when_the_tail_stays_back_within_the_bar() -> None:
+    fast = [(t / 100, 0.010, "OK", 0, 0.0) for t in range(0, 3000)]  # 30 s, 10 ms each
+    slow = [(r[0], 0.5 if 10.0 <= r[0] < 13.0 else r[1], r[2], 0, 0.0) for r in fast]
+    assert recovery(fast, 10.0, 10.0, 30.0) == 0.0
+    assert recovery(slow, 10.0, 10.0, 30.0) == pytest.approx(3.0, abs=0.3)
+    failing = [(r[0], r[1], "UNAVAILABLE" if r[0] >= 25 else "OK", 0, 0.0) for r in fast]
+    assert math.isinf(recovery(failing, 10.0, 10.0, 30.0))

@@ -322,15 +322,16 @@ def test_shadow_counts_how_often_and_how_much_picks_differ() -> None:
 def test_full_targets_move_down_and_then_shed_with_retry_after() -> None:
     mesh = Mesh()
     mesh.node("a", rep("a:1", spu=0.001))
-    mesh.node("b", rep("b:1", spu=0.0045))
+    mesh.node("b", rep("b:1", spu=0.003))
     mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
     from meshd.score.limiter import LimiterConfig
     s = mesh.scorer(limiter=LimiterConfig(initial=3, min_limit=3, max_limit=3))
     got = [s.score(ScoreRequest("m"), NOW) for _ in range(11)]
-    # priority 5 may fill 0.78 of a limit: 3 per target (in flight 0, 1, 2 < 2.33).  a stays
-    # first in the ranking (4 ms with 3 queued, b 4.5 ms); full, it passes the 4th to b, which
-    # is within 1.25x of it; the 5th would wait 9 ms at b, so a overdraws its limit instead.
-    assert [names(o)[0] for o in got[:5]] == ["a:1"] * 3 + ["b:1", "a:1"]
+    # priority 5 may fill 0.78 of a limit: 3 per target (in flight 0, 1, 2 < 2.33).  hybrid
+    # charges half a request's own service: a (1 ms) leads until its queue outweighs b's
+    # 1.5 ms, so the 3rd goes to b.  Full, a overdraws its limit for the 5th (b would take
+    # 6 ms, over 1.25x a's 4 ms) and passes the 6th to b (6 ms, within 1.25x a's 5 ms).
+    assert [names(o)[0] for o in got[:6]] == ["a:1", "a:1", "b:1", "a:1", "a:1", "b:1"]
     # The model's limit is twice its targets' summed (2 * 0.78 * 6 = 9.4): the 11th is shed.
     assert [o.verdict.admit for o in got] == [True] * 10 + [False]
     assert got[10].verdict.reason == "model_limit"
@@ -558,7 +559,7 @@ def test_a_hedge_count_is_given_back_when_its_decision_closes_or_expires() -> No
     """A hedge whose outcome never comes (the first answered, the router closed the
     decision; or the router went away) must not leave its target looking busy."""
     mesh = Mesh()
-    mesh.node("a", rep("a:1", spu=0.002))
+    mesh.node("a", rep("a:1", spu=0.001))
     mesh.node("b", rep("b:1", spu=0.004))
     mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
     s = mesh.scorer(config=ScoreConfig(decision_ttl=5, expiry_grace=1))
@@ -566,6 +567,7 @@ def test_a_hedge_count_is_given_back_when_its_decision_closes_or_expires() -> No
     expired = s.score(ScoreRequest("m"), NOW)
     for out in (closed, expired):
         first = out.targets[0].replica
+        assert first == "a:1/m/1"
         to = s.hedge_target(out.decision_id, first, NOW + 0.1)
         assert to is not None and to.replica != first
     other = s.table.by_key[s.hedge_target(closed.decision_id, closed.targets[0].replica,
@@ -820,3 +822,68 @@ def test_metrics_expose_decisions_sheds_fallbacks_and_shadow() -> None:
                     (("node", "r"), ("process", "r/41/7")))] == 2
     assert samples[("meshd_router_link_messages_total",
                     (("kind", "malformed"), ("node", "r")))] == 1
+
+
+def test_a_hedge_waits_until_another_target_would_answer_sooner() -> None:
+    """At high load a hedge that only joins a long queue adds load and gains nothing: it
+    goes only where it is predicted to finish before the silent target is expected to answer
+    (a stall that has lasted s seconds is expected to last about s more)."""
+    mesh = Mesh()
+    mesh.node("a", rep("a:1", spu=0.002))
+    mesh.node("b", rep("b:1", spu=0.004, queue=10, at=NOW))  # 44 ms to answer
+    mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
+    s = mesh.scorer()
+    out = s.score(ScoreRequest("m"), NOW)
+    assert names(out)[0] == "a:1"
+    assert s.hedge_target(out.decision_id, "a:1/m/1", NOW + 0.02) is None  # a silent 20 ms
+    b = s.table.by_key["b:1/m/1"]
+    assert b.stats.hedges == 0  # nothing sent, nothing counted
+    mesh.node("b", rep("b:1", spu=0.004, queue=10, at=NOW + 0.03))  # b still 44 ms behind
+    to = s.hedge_target(out.decision_id, "a:1/m/1", NOW + 0.05)  # a silent 50 ms: worth it
+    assert to is not None and to.replica == "b:1/m/1" and b.stats.hedges == 1
+
+
+def test_a_standing_queue_is_shed_and_a_passing_one_is_not() -> None:
+    """A queue that has stayed above standing_queue_ms for a second is overload: requests
+    that would wait longer are shed, with a retry-after, until it has stayed below for a
+    second; a queue that drains sooner (a pause, a burst) sheds nothing."""
+    from meshd.score.standing import INTERVAL
+
+    mesh = Mesh()
+    mesh.node("a", rep("a:1", spu=0.005, queue=40, at=NOW))  # 200 ms queued
+    mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0,
+                                    "standing_queue_ms": 100})
+    s = mesh.scorer()
+
+    def verdict(at: float, queue: int) -> Any:
+        mesh.node("a", rep("a:1", spu=0.005, queue=queue, at=at))
+        out = s.score(ScoreRequest("m"), at)
+        if out.verdict.admit:
+            s.report(out.decision_id, out.targets[0].replica, 0.005, Status.OK, at)
+        return out.verdict
+
+    assert verdict(NOW, 40).admit and verdict(NOW + 0.5, 40).admit  # not yet a second
+    assert verdict(NOW + 0.9, 2).admit  # it drained: passing
+    assert verdict(NOW + 1.5, 40).admit  # above again, the clock starts over
+    shed = verdict(NOW + 1.5 + INTERVAL, 40)
+    assert not shed.admit and shed.reason == "standing_queue"
+    assert 0.01 <= shed.retry_after <= 5
+    assert s.counters.shed["standing_queue"] == 1
+    assert verdict(NOW + 3.0, 10).admit  # 50 ms: below the target, admitted while shedding
+    assert not verdict(NOW + 3.1, 40).admit  # still shedding what would wait long
+    assert verdict(NOW + 3.2, 10).admit
+    assert verdict(NOW + 3.2 + INTERVAL, 10).admit  # a second below: shedding ends
+    assert verdict(NOW + 4.3, 40).admit  # and takes another standing second to start again
+    mesh.put("RoutingPolicy", "m", {"standing_queue_ms": 0})  # off
+    assert all(verdict(NOW + 6 + i, 400).admit for i in range(3))
+
+
+def test_the_standing_queue_target_grows_with_the_service_time() -> None:
+    from meshd.score.standing import SERVICES, StandingQueue
+
+    q = StandingQueue()
+    assert not q.shed(0.5, 0.1, 0.0) and q.shed(0.5, 0.1, 1.0)
+    slow = StandingQueue()  # a model whose requests take 1 s: 3 s queued is not overload
+    target = max(0.1, SERVICES * 1.0)
+    assert not slow.shed(3.0, target, 0.0) and not slow.shed(3.0, target, 5.0)
+    assert not StandingQueue().shed(9.0, 0.0, 0.0)  # target 0: off

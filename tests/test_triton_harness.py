@@ -192,6 +192,22 @@ def test_delay_model_spikes_on_the_requested_share(triton_server: TritonServer) 
         triton_server.set_behaviour("delay", spike_ms=10, spike_rate=1.5)
 
 
+def test_delay_model_pauses_on_schedule(triton_server: TritonServer) -> None:
+    """A scheduled pause holds the request that meets it until the pause ends; before and
+    after it, requests take their usual time (the same pauses for every benchmark run)."""
+    soon = time.monotonic() + 0.3
+    triton_server.set_behaviour("delay", pauses=[(soon, soon + 0.4)])
+    assert infer_delay(triton_server) < 0.2  # before the pause
+    time.sleep(max(0.0, soon + 0.05 - time.monotonic()))
+    t0 = time.monotonic()
+    infer_delay(triton_server)  # starts inside the pause: held until it ends
+    assert time.monotonic() >= soon + 0.4 - 0.01 and time.monotonic() - t0 >= 0.3
+    assert infer_delay(triton_server) < 0.2  # after it
+    triton_server.clear_behaviour("delay")
+    with pytest.raises(ValueError, match="pause"):
+        triton_server.set_behaviour("delay", pauses=[(2.0, 1.0)])
+
+
 def test_delay_model_fails_on_demand(triton_server: TritonServer) -> None:
     triton_server.set_behaviour("delay", fail=True)
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)

@@ -29,6 +29,8 @@ class RoutingConfig:
     zone_penalty: float = 0.002
     """Seconds; ``zone_penalty_ms`` in the policy."""
     max_concurrency: int | None = None
+    standing_queue: float = 0.1
+    """Seconds; ``standing_queue_ms`` in the policy (0: off)."""
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> RoutingConfig:
@@ -37,7 +39,8 @@ class RoutingConfig:
                    hedge_budget=spec["hedge_budget"], hedge_quantile=spec["hedge_quantile"],
                    randomization=spec["randomization"],
                    zone_penalty=spec["zone_penalty_ms"] / 1000,
-                   max_concurrency=spec["max_concurrency"])
+                   max_concurrency=spec["max_concurrency"],
+                   standing_queue=spec["standing_queue_ms"] / 1000)
 
 
 DEFAULT_ROUTING = RoutingConfig.from_spec(defaults("RoutingPolicy"))

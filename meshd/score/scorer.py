@@ -14,8 +14,10 @@ Order of work for one request (each step can shed, with a reason and a retry-aft
    predicted from this agent's own observations only (``degraded``);
 2. prediction: seconds-of-work for each (``target.Target.predict``);
 3. ranking: the model's strategy, within its time budget (else ``p2c``), and its shadow;
-4. admission: the deadline, the tenant's quota, the model's limit, then the first ranked
-   target with room in its adaptive limit (at the request's priority share) goes first;
+4. admission: the deadline, a standing queue (``standing``: the wait at the first ranked
+   target has stayed above the policy's ``standing_queue_ms`` for a second), the tenant's
+   quota, the model's limit, then the first ranked target with room in its adaptive limit
+   (at the request's priority share) goes first;
 5. hedging: a delay when the request is idempotent, its SLO class allows it, a second target
    exists and the model's hedge budget has a token.
 """
@@ -43,14 +45,15 @@ from meshd.score.hedging import hedge_after
 from meshd.score.limiter import AdaptiveLimit, LimiterConfig
 from meshd.score.sequences import SequenceTable, rendezvous
 from meshd.score.shadow import ShadowStats
+from meshd.score.standing import SERVICES, StandingQueue
 from meshd.score.strategies import FALLBACK, default_registry
 from meshd.score.strategy import Context, Registry, Strategy
 from meshd.score.target import ModelTargets, Target, TargetStats, TargetTable, predict_all
 
 STRATEGY_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3)
 """Upper bounds (seconds) of the per-strategy decision-time histogram."""
-SHED_REASONS = ("no_targets", "deadline", "tenant_concurrency", "tenant_rate", "model_limit",
-                "target_limit")
+SHED_REASONS = ("no_targets", "deadline", "standing_queue", "tenant_concurrency", "tenant_rate",
+                "model_limit", "target_limit")
 """Why a request is shed (the ``reason`` of a refused verdict)."""
 REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
@@ -185,6 +188,7 @@ class ModelState:
     gate: ModelGate
     budget: HedgeBudget
     ratio: float
+    standing: StandingQueue = field(default_factory=StandingQueue)
 
 
 @dataclass(slots=True)
@@ -316,7 +320,8 @@ class Scorer:
         if ms is None or ms.ratio != routing.hedge_budget:
             budget = HedgeBudget(routing.hedge_budget, self.config.hedge_burst)
             gate = ms.gate if ms is not None else ModelGate()
-            ms = self._models[model] = ModelState(gate, budget, routing.hedge_budget)
+            standing = ms.standing if ms is not None else StandingQueue()
+            ms = self._models[model] = ModelState(gate, budget, routing.hedge_budget, standing)
         return ms
 
     def _lane(self, model: str, policy: int, now: float) -> _Lane:
@@ -604,13 +609,17 @@ class Scorer:
         was taken (moved to the front if a better-ranked one was full)."""
         if deadline is not None and min(t.p_seconds for t in ranked) > deadline:
             return Verdict(False, "deadline", self._drain(ranked)), None
+        if ms is None:
+            ms = self._model(req.model, routing)
+        first = ranked[0]
+        if routing.standing_queue and ms.standing.shed(
+                first.p_queue, max(routing.standing_queue, SERVICES * first.p_service), now):
+            return Verdict(False, "standing_queue", self._drain(ranked)), None
         v = self.tenants.check(tenant, now)
         if not v.admit:
             lo, hi = self.config.retry_after_bounds
             return Verdict(False, v.reason, min(hi, max(lo, v.retry_after))), None
         share = _SHARES[priority] if 0 <= priority <= 9 else priority_share(priority)
-        if ms is None:
-            ms = self._model(req.model, routing)
         capacity = _capacity(targets, share, ms.gate.inflight, self.limiter.min_limit)
         if not ms.gate.try_acquire(capacity, routing.max_concurrency):
             self.tenants.release(tenant)
@@ -799,9 +808,11 @@ class Scorer:
         """Where a hedge of a decision's request stuck at ``first`` should go now: the
         decision's other target predicted quickest at this moment (the ranking is as old as
         the hedge delay, and a stall elsewhere may have begun since), or None when ``first``
-        is still answering (ask again later) or there is no other target.  The hedge counts
+        is still answering or no other target is predicted to answer before ``first`` is
+        expected to (ask again later), or there is no other target.  The hedge counts
         in its target's backlog until its outcome is reported."""
-        if not self.stalled(first, now):
+        stuck = self.table.by_key.get(first)
+        if stuck is None or not stuck.silent(now):
             return None
         d = self.decisions.get(decision_id)
         if d is None:
@@ -812,6 +823,11 @@ class Scorer:
             return None
         predict_all(others, d.units, now)
         best = min(others, key=attrgetter("p_seconds"))
+        if not d.hedge_key and best.p_seconds >= now - stuck.stats.waiting_since:
+            # A stall that has lasted s seconds is expected to last about as long again: a
+            # hedge that would not finish sooner only adds load (at 80% load, where every
+            # other replica has a queue, that raised p99).  Ask again later.
+            return None
         if not d.hedge_key:  # one hedge per decision is counted
             best.stats.hedges += 1
             d.hedge_key = best.key

@@ -6,16 +6,21 @@ bytes. Each request takes
     base_delay_ms + per_32kib_ms * bytes / 32 KiB            (model config parameters)
     + delay_ms + uniform(0, jitter_ms)                        (behaviour control file)
     + spike_ms, on a random spike_rate share of requests      (behaviour control file)
+    + the part of any scheduled pause the request overlaps    (behaviour control file)
 
 The behaviour control file is JSON, ``{"models": {"<model name>": {"delay_ms": 0,
-"jitter_ms": 0, "spike_ms": 0, "spike_rate": 0, "fail": false, "stall": false}},
-"stopping": false}``, at the path in the
+"jitter_ms": 0, "spike_ms": 0, "spike_rate": 0, "pauses": [], "fail": false,
+"stall": false}}, "stopping": false}``, at the path in the
 environment variable
 ``MESHD_DEVTRITON_CONTROL`` (set by meshd.devtriton for each server, so every server has its own
 and the test process can change a running replica). The file is re-read at most every 50 ms,
 when a request comes, so the per-request cost stays a clock read. ``fail`` answers each request
 with an error; ``spike_ms`` / ``spike_rate`` make rare long requests (a GC pause, a page
-fault storm: the tail that hedging is for); ``stall`` holds requests until it is cleared
+fault storm: the tail that hedging is for); ``pauses`` (``[[start, end], ...]`` on the
+machine's monotonic clock, which every process shares) freeze the replica on a schedule: a
+request in service when a pause begins, or starting during one, is held until it ends, and
+the queue behind it waits too - the same stalls at the same moments for every run of a
+benchmark, where ``spike_rate`` draws them by chance; ``stall`` holds requests until it is cleared
 (giving up with an error after 60 s). ``stopping`` (set just before the server is sent
 SIGTERM) ends stalls and long delays at once, so Triton can drain and exit instead of
 waiting for them. Without the variable or the file the model just uses its config
@@ -91,6 +96,9 @@ class TritonPythonModel:
         if spike_rate > 0 and random.random() < spike_rate:
             delay += float(behaviour.get("spike_ms", 0)) / 1e3
         end = started + delay
+        for start, stop in behaviour.get("pauses", ()):
+            if start < end and stop > started:  # the service overlaps the pause: frozen for it
+                end += stop - max(start, started)
         while not self.stopping:
             remaining = end - time.monotonic()
             if remaining <= 0:
