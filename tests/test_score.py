@@ -824,23 +824,35 @@ def test_metrics_expose_decisions_sheds_fallbacks_and_shadow() -> None:
                     (("kind", "malformed"), ("node", "r")))] == 1
 
 
-def test_a_hedge_waits_until_another_target_would_answer_sooner() -> None:
-    """At high load a hedge that only joins a long queue adds load and gains nothing: it
-    goes only where it is predicted to finish before the silent target is expected to answer
-    (a stall that has lasted s seconds is expected to last about s more)."""
+def test_a_hedge_goes_only_where_there_is_spare_capacity_and_it_would_answer_sooner() -> None:
+    """A hedge that joins a queue delays every request behind it: it goes only to a target
+    with no more than one service of queue ahead, and only where it is predicted to finish
+    before the silent target is expected to answer (a stall that has lasted s seconds is
+    expected to last about s more)."""
     mesh = Mesh()
     mesh.node("a", rep("a:1", spu=0.002))
-    mesh.node("b", rep("b:1", spu=0.004, queue=10, at=NOW))  # 44 ms to answer
+    mesh.node("b", rep("b:1", spu=0.004, queue=10, at=NOW))  # fast, but 40 ms queued
+    mesh.node("c", rep("c:1", spu=0.030))  # slow and idle
     mesh.put("RoutingPolicy", "m", {"strategy": "hybrid", "randomization": 0})
     s = mesh.scorer()
     out = s.score(ScoreRequest("m"), NOW)
-    assert names(out)[0] == "a:1"
-    assert s.hedge_target(out.decision_id, "a:1/m/1", NOW + 0.02) is None  # a silent 20 ms
-    b = s.table.by_key["b:1/m/1"]
-    assert b.stats.hedges == 0  # nothing sent, nothing counted
-    mesh.node("b", rep("b:1", spu=0.004, queue=10, at=NOW + 0.03))  # b still 44 ms behind
-    to = s.hedge_target(out.decision_id, "a:1/m/1", NOW + 0.05)  # a silent 50 ms: worth it
-    assert to is not None and to.replica == "b:1/m/1" and b.stats.hedges == 1
+    second = s.score(ScoreRequest("m"), NOW)
+    assert names(out)[0] == names(second)[0] == "a:1"
+    b, c = s.table.by_key["b:1/m/1"], s.table.by_key["c:1/m/1"]
+    assert s.hedge_target(out.decision_id, "a:1/m/1", NOW + 0.02) is None  # c: 30 ms > 20
+    assert b.stats.hedges == c.stats.hedges == 0  # nothing sent, nothing counted
+    to = s.hedge_target(out.decision_id, "a:1/m/1", NOW + 0.035)  # silent 35 ms
+    assert to is not None and to.replica == "c:1/m/1" and c.stats.hedges == 1  # not b
+
+    # 200 ms on, a is still silent, b still has its queue and c has one too: no spare
+    mesh.node("b", rep("b:1", spu=0.004, queue=10, at=NOW + 0.19))
+    mesh.node("c", rep("c:1", spu=0.030, queue=3, at=NOW + 0.19))
+    s.score(ScoreRequest("m", exclude=("a", "b", "c")), NOW + 0.19)  # no target: rebuilds
+    assert s.hedge_target(second.decision_id, "a:1/m/1", NOW + 0.2) is None
+    mesh.node("b", rep("b:1", spu=0.004, queue=0, at=NOW + 0.2))  # b has caught up
+    s.score(ScoreRequest("m", exclude=("a", "b", "c")), NOW + 0.2)
+    to = s.hedge_target(second.decision_id, "a:1/m/1", NOW + 0.21)
+    assert to is not None and to.replica == "b:1/m/1"
 
 
 def test_a_standing_queue_is_shed_and_a_passing_one_is_not() -> None:

@@ -14,8 +14,8 @@ Order of work for one request (each step can shed, with a reason and a retry-aft
    predicted from this agent's own observations only (``degraded``);
 2. prediction: seconds-of-work for each (``target.Target.predict``);
 3. ranking: the model's strategy, within its time budget (else ``p2c``), and its shadow;
-4. admission: the deadline, a standing queue (``standing``: the wait at the first ranked
-   target has stayed above the policy's ``standing_queue_ms`` for a second), the tenant's
+4. admission: the deadline, a standing queue (``standing``: the shortest wait among the ranked
+   targets has stayed above the policy's ``standing_queue_ms`` for a second), the tenant's
    quota, the model's limit, then the first ranked target with room in its adaptive limit
    (at the request's priority share) goes first;
 5. hedging: a delay when the request is idempotent, its SLO class allows it, a second target
@@ -207,6 +207,7 @@ class _Lane:
 
 
 _INF = float("inf")
+_by_queue = attrgetter("p_queue")
 _SHARES = tuple(priority_share(p) for p in range(10))
 """``priority_share`` by priority 0..9."""
 
@@ -611,10 +612,13 @@ class Scorer:
             return Verdict(False, "deadline", self._drain(ranked)), None
         if ms is None:
             ms = self._model(req.model, routing)
-        first = ranked[0]
-        if routing.standing_queue and ms.standing.shed(
-                first.p_queue, max(routing.standing_queue, SERVICES * first.p_service), now):
-            return Verdict(False, "standing_queue", self._drain(ranked)), None
+        if routing.standing_queue:
+            # The shortest wait among the ranked targets: a strategy that ranks one overloaded
+            # replica first (round robin) must not shed what another could take.
+            best = min(ranked, key=_by_queue)
+            if ms.standing.shed(best.p_queue, max(routing.standing_queue,
+                                                  SERVICES * best.p_service), now):
+                return Verdict(False, "standing_queue", self._drain(ranked)), None
         v = self.tenants.check(tenant, now)
         if not v.admit:
             lo, hi = self.config.retry_after_bounds
@@ -808,8 +812,9 @@ class Scorer:
         """Where a hedge of a decision's request stuck at ``first`` should go now: the
         decision's other target predicted quickest at this moment (the ranking is as old as
         the hedge delay, and a stall elsewhere may have begun since), or None when ``first``
-        is still answering or no other target is predicted to answer before ``first`` is
-        expected to (ask again later), or there is no other target.  The hedge counts
+        is still answering or no other target with spare capacity is predicted to answer
+        before ``first`` is expected to (ask again later), or there is no other target.  The
+        hedge counts
         in its target's backlog until its outcome is reported."""
         stuck = self.table.by_key.get(first)
         if stuck is None or not stuck.silent(now):
@@ -822,12 +827,21 @@ class Scorer:
         if not others:
             return None
         predict_all(others, d.units, now)
-        best = min(others, key=attrgetter("p_seconds"))
-        if not d.hedge_key and best.p_seconds >= now - stuck.stats.waiting_since:
-            # A stall that has lasted s seconds is expected to last about as long again: a
-            # hedge that would not finish sooner only adds load (at 80% load, where every
-            # other replica has a queue, that raised p99).  Ask again later.
-            return None
+        if d.hedge_key:
+            best = min(others, key=attrgetter("p_seconds"))
+        else:
+            # Only to a replica with spare capacity (no more than one request's service of
+            # queue ahead): a hedge where requests queue delays each of them, and at 80%
+            # load, while a replica stalls, the fast ones are the bottleneck - hedging onto
+            # them raised p99 by a fifth (bench/routing).  And only if it is predicted to
+            # finish before the silent one is expected to answer (a stall that has lasted s
+            # seconds is expected to last about s more).  Else ask again later.
+            spare = [t for t in others if t.p_queue <= t.p_service]
+            if not spare:
+                return None
+            best = min(spare, key=attrgetter("p_seconds"))
+            if best.p_seconds >= now - stuck.stats.waiting_since:
+                return None
         if not d.hedge_key:  # one hedge per decision is counted
             best.stats.hedges += 1
             d.hedge_key = best.key

@@ -13,8 +13,9 @@ whole interval.  Then requests that would wait longer than the target are shed, 
 would not are admitted, so the queue is held near the target rather than at the clients'
 deadlines; shedding ends once the wait has stayed at or below the target for an interval.
 
-The wait is the one a request would see: the predicted queue ahead of it at the target it
-was ranked first for.  One detector per model and router: each router sees the replicas'
+The wait is the shortest predicted queue among the targets a request was ranked (what it
+would wait wherever it went): one replica buried under a strategy's picks is not an overload
+of the fleet.  One detector per model and router: each router sees the replicas'
 queue gauges, so routers sharing replicas shed alike.
 
 Pure: ``now`` is an argument; the state is three numbers.
