@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.routing import arrivals, clairvoyant, pause_schedule, recovery
+from bench.routing import arrivals, clairvoyant, detecting, pause_schedule, recovery
 from bench.table import distribution
 
 SERVICE = [0.005, 0.005, 0.010, 0.025]
@@ -56,10 +56,30 @@ def test_arrivals_follow_each_phase_rate() -> None:
     assert times == sorted(times) and times == arrivals(5, [(10.0, 100.0), (10.0, 300.0)])
 
 
-def test_recovery_is_when_the_tail_stays_back_within_the_bar() -> None:
+def test_recovery_is_when_the_tail_from_then_on_is_back_within_the_bar() -> None:
     fast = [(t / 100, 0.010, "OK", 0, 0.0) for t in range(0, 3000)]  # 30 s, 10 ms each
     slow = [(r[0], 0.5 if 10.0 <= r[0] < 13.0 else r[1], r[2], 0, 0.0) for r in fast]
     assert recovery(fast, 10.0, 10.0, 30.0) == 0.0
-    assert recovery(slow, 10.0, 10.0, 30.0) == pytest.approx(3.0, abs=0.3)
+    assert recovery(slow, 10.0, 10.0, 30.0) == pytest.approx(3.0)
+    # a burst later on that lifts a few requests does not move the recovery
+    burst = [(r[0], 0.05 if 20.0 <= r[0] < 20.05 else r[1], r[2], 0, 0.0) for r in slow]
+    assert recovery(burst, 10.0, 10.0, 30.0) == pytest.approx(3.0)
     failing = [(r[0], r[1], "UNAVAILABLE" if r[0] >= 25 else "OK", 0, 0.0) for r in fast]
     assert math.isinf(recovery(failing, 10.0, 10.0, 30.0))
+    never = [(r[0], 0.5 if r[0] >= 10.0 else r[1], r[2], 0, 0.0) for r in fast]
+    assert math.isinf(recovery(never, 10.0, 10.0, 30.0))
+
+
+def test_a_router_blind_to_pauses_trades_p99_for_p999_when_it_hedges() -> None:
+    """Bar 3's yardstick: with no pause it routes as the clairvoyant one does; with pauses at
+    80% load, not hedging leaves the requests caught in a pause to wait it out (p99.9 near
+    the pause), and hedging them at detection cuts p99.9 but adds work where the others are
+    already short of capacity, so p99 rises."""
+    times = arrivals(4, [(30.0, 0.8 * CAPACITY)])
+    assert detecting(SERVICE, 1, [], times, 0.02, True) == clairvoyant(SERVICE, 1, [], times)
+    pauses = pause_schedule(4, 0.5, 30.0, 4.0, 0.25)
+    blind = distribution(detecting(SERVICE, 1, pauses, times, 0.02, False))
+    hedged = distribution(detecting(SERVICE, 1, pauses, times, 0.02, True))
+    best = distribution(clairvoyant(SERVICE, 1, pauses, times))
+    assert blind["p999"] > 200.0 and hedged["p999"] < 1.5 * best["p999"] < blind["p999"]
+    assert hedged["p99"] > blind["p99"] >= best["p99"] * 0.9
