@@ -54,10 +54,12 @@ meets it *and* every repeat beats the baseline):
   share of the traffic against its share of the capacity (herding).
 * ``hedging``: 50% load: hybrid with and without hedging.  Bar 2.
 * ``overload``: no pauses; ``--overload-pre`` s at 80%, 10 s at 150%, then
-  ``--overload-post`` s at 80%: the router, NGINX and client-side least-request.  Recovery
-  is the time from the end of the overload until the p99 of all requests arriving from then
-  on is within 1.2x the p99 before the overload, with no failed request (bar <= 5 s for the
-  router); the table keeps a 0.5-s timeline of each run.
+  ``--overload-post`` s at 80%: the router, NGINX and client-side least-request, each run
+  twice per repeat - with the overload, and its twin at 80% throughout with the same
+  arrivals before and after.  Recovery is the time from the end of the overload until the
+  p99 of all requests arriving from then on is within 1.2x the twin's p99 of the same
+  arrivals, with no failed request (bar <= 5 s for the router); the JSON keeps a 0.5-s
+  timeline of each run.
 
 **What no router can beat** (context for bar 3): :func:`clairvoyant` simulates a router that
 knows every replica's remaining work and every pause ahead of time, at the measured service
@@ -268,11 +270,13 @@ def pause_schedule(seed: int, start: float, end: float, every: float,
 
 
 def arrivals(seed: int, phases: Sequence[tuple[float, float]]) -> list[float]:
-    """Poisson arrival offsets (s) for ``phases`` of ``(seconds, rate)``, from ``seed``."""
-    rng = random.Random(seed)
+    """Poisson arrival offsets (s) for ``phases`` of ``(seconds, rate)``, from ``seed``.  Each
+    phase draws from its own generator, so two runs whose phases differ in one place (the
+    overload and its twin without) see the same arrivals everywhere else."""
     out: list[float] = []
     t0 = 0.0
-    for seconds, rate in phases:
+    for k, (seconds, rate) in enumerate(phases):
+        rng = random.Random(seed if k == 0 else seed * 101 + k)
         t = t0 + rng.expovariate(rate)
         while t < t0 + seconds:
             out.append(t)
@@ -314,9 +318,37 @@ def clairvoyant(service_s: Sequence[float], stalling: int,
     return lat
 
 
+def least_conn(service_s: Sequence[float], stalling: int,
+               pauses: Sequence[tuple[float, float]], times: Sequence[float],
+               rng: random.Random) -> list[float]:
+    """Latencies (ms, queue + service only) under NGINX's ``least_conn`` with exact counts:
+    each request to the replica with the fewest requests outstanding (ties at random).  The
+    simulated twin of the NGINX case, for the p50 it reaches without any router cost."""
+    n = len(service_s)
+    free = [0.0] * n
+    ends: list[list[float]] = [[] for _ in range(n)]
+    lat = []
+    for t in times:
+        for i in range(n):
+            if ends[i] and ends[i][0] <= t:
+                ends[i] = [e for e in ends[i] if e > t]
+        fewest = min(len(e) for e in ends)
+        best = rng.choice([i for i in range(n) if len(ends[i]) == fewest])
+        start = max(t, free[best])
+        end = start + service_s[best]
+        if best == stalling:
+            for a, b in pauses:
+                if a < end and b > start:
+                    end += b - max(a, start)
+        free[best] = end
+        ends[best].append(end)
+        lat.append((end - t) * 1e3)
+    return lat
+
+
 def detecting(service_s: Sequence[float], stalling: int,
               pauses: Sequence[tuple[float, float]], times: Sequence[float], detect_s: float,
-              hedge: bool) -> list[float]:
+              hedge: bool, weight: float = 1.0) -> list[float]:
     """Latencies (ms, queue + service only) under the best router that cannot see a pause
     coming: it knows every replica's exact queue, but learns of a pause only ``detect_s``
     after it begins (a real one must wait for silence: ``STALL_GAPS`` service times), and
@@ -325,10 +357,11 @@ def detecting(service_s: Sequence[float], stalling: int,
     finish the copy first; the request takes whichever answer comes first, and the stuck
     original still runs after the pause (as Triton runs a request whose client gave up).
 
-    It is what bar 3 is read against: the requests already queued at a replica when it
-    pauses, and those sent before the pause could be noticed, wait out the pause unless
-    hedged, and a hedge during the pause is work added where the load already exceeds what
-    the other replicas can do.
+    It ranks by queue + ``weight`` x service (1: each request's own earliest finish;
+    ``hybrid`` uses ``SERVICE_WEIGHT``).  It is what bar 3 is read against: the requests
+    already queued at a replica when it pauses, and those sent before the pause could be
+    noticed, wait out the pause unless hedged, and a hedge during the pause is work added
+    where the load already exceeds what the other replicas can do.
     """
     n = len(service_s)
     free = [0.0] * n
@@ -373,14 +406,14 @@ def detecting(service_s: Sequence[float], stalling: int,
             if i == stalling:
                 if paused:
                     continue
-                ends[i] = max(t, believed) + service_s[i]
+                ends[i] = max(t, believed) + weight * service_s[i]
             else:
-                ends[i] = max(t, free[i]) + service_s[i]
+                ends[i] = max(t, free[i]) + weight * service_s[i]
         best = min(ends, key=ends.__getitem__)
         end = finish(best, t)
         free[best] = end
         if best == stalling:
-            believed = ends[best]
+            believed = max(t, believed) + service_s[best]
             stuck = [(r, e) for r, e in stuck if e > t]
             stuck.append((j, end))
         lat[j] = (end - t) * 1e3
@@ -500,24 +533,32 @@ def outcome(records: list[tuple[float, float, str, int, float]], start: float, e
     return out
 
 
-def recovery(records: list[tuple[float, float, str, int, float]], steady_p99_ms: float,
-             over_end: float, end: float) -> float:
+def recovery(records: list[tuple[float, float, str, int, float]],
+             twin: list[tuple[float, float, str, int, float]], over_end: float,
+             end: float) -> float:
     """Seconds from ``over_end`` until the p99 of every request that arrives from then to
-    the run's ``end`` is within ``RECOVERY_WITHIN`` x ``steady_p99_ms``, none of them failing
-    (in steps of ``WINDOW_STEP``); ``inf`` when that never holds with ``RECOVERY_REST`` s or
-    more of the run left.
+    the run's ``end`` is within ``RECOVERY_WITHIN`` x the p99 of the same arrivals in
+    ``twin`` (the run without the overload), none of them failing (in steps of
+    ``WINDOW_STEP``); ``inf`` when that never holds with ``RECOVERY_REST`` s or more of the
+    run left.
 
-    The p99 of everything after a point, not of short windows: at 80% load a 3-s window's
-    p99 swings by half between a calm stretch and a Poisson burst (a burst 14 s after the
-    overload set one run's recovery at 15.5 s with its queue long drained), so "every window
-    within 1.2x" measured the arrivals, not the recovery."""
-    rest = sorted((r for r in records if r[0] >= over_end), key=lambda r: r[0])
+    The p99 of everything after a point, against the same arrivals unharmed: at 80% load a
+    3-s window's p99 swings by half between a calm stretch and a Poisson burst, and the p99
+    before the overload is of other arrivals (one run's recovery read 15.5 s from a burst
+    14 s after the overload, another's "never" from a calm stretch before it, their queues
+    long drained).  Paired, the comparison measures the recovery, not the arrivals."""
+
+    def tail(rs: list[tuple[float, float, str, int, float]],
+             t: float) -> tuple[list[float], int]:
+        after = [r for r in rs if r[0] >= t]
+        return sorted(r[1] * 1e3 for r in after if r[2] == "OK"), len(after)
+
     t = over_end
     while t <= end - RECOVERY_REST + 1e-9:
-        tail = [r for r in rest if r[0] >= t]
-        lat = sorted(r[1] * 1e3 for r in tail if r[2] == "OK")
-        if tail and len(lat) == len(tail) and \
-                quantile(lat, 0.99) <= RECOVERY_WITHIN * steady_p99_ms:
+        lat, n = tail(records, t)
+        base, _ = tail(twin, t)
+        if lat and base and len(lat) == n and \
+                quantile(lat, 0.99) <= RECOVERY_WITHIN * quantile(base, 0.99):
             return t - over_end
         t += WINDOW_STEP
     return math.inf
@@ -759,16 +800,20 @@ def run_section(section: str, fleet: Fleet, args: argparse.Namespace) -> dict[st
         order = todo[rep % len(todo):] + todo[:rep % len(todo)]
         seed = args.seed * 1000 + rep
         for case in order:
+            twin: list[tuple[float, float, str, int, float]] = []
+            if section == "overload":  # the same arrivals, at 80% throughout
+                calm = [phases[0], (OVERLOAD_S, STEADY_LOAD * total), phases[2]]
+                t = run_case(case, doors, calm, window, pauses, seed, fleet, args, section)
+                twin = t.pop("records")
             r = run_case(case, doors, phases, window, pauses, seed, fleet, args, section)
             records = r.pop("records")
             if section == "overload":
-                pre_lat = sorted(x[1] * 1e3 for x in records
-                                 if warm <= x[0] < args.overload_pre and x[2] == "OK")
-                steady = quantile(pre_lat, 0.99) if pre_lat else math.nan
                 over_end = args.overload_pre + OVERLOAD_S
-                r["steady_p99_ms"] = steady
-                r["recovery_s"] = recovery(records, steady, over_end,
-                                           over_end + args.overload_post)
+                end = over_end + args.overload_post
+                r["steady_p99_ms"] = outcome(twin, over_end, end, doors)["latency_ms"].get(
+                    "p99", math.nan)
+                r["twin"] = {k: t[k] for k in ("latency_ms", "failed", "arrivals")}
+                r["recovery_s"] = recovery(records, twin, over_end, end)
                 r["overload"] = outcome(records, args.overload_pre, over_end, doors)
                 r["timeline"] = timeline(records, warm, over_end + args.overload_post)
                 r["after"] = outcome(records, over_end, over_end + args.overload_post, doors)
@@ -778,8 +823,8 @@ def run_section(section: str, fleet: Fleet, args: argparse.Namespace) -> dict[st
                 f"{lat.get('p99', 0):.1f} p99.9 {lat.get('p999', 0):.1f} ms, failed "
                 f"{r['failed']}/{r['arrivals']} {r['outcomes']}, shed {r.get('shed', 0)}, "
                 f"hedges {r.get('hedge_rate', 0):.1%}, to replicas {r['replica_requests']}"
-                + (f", recovery {r['recovery_s']:.2f} s (steady p99 "
-                   f"{r['steady_p99_ms']:.1f} ms)" if section == "overload" else "")
+                + (f", recovery {r['recovery_s']:.2f} s (p99 after it without the "
+                   f"overload {r['steady_p99_ms']:.1f} ms)" if section == "overload" else "")
                 + f", other CPU {r['machine']['other_cores'] or 0:.2f} cores")
     out: dict[str, Any] = {"doors": doors, "phases": phases, "window": window,
                            "pauses": pauses, "runs": runs}
@@ -796,6 +841,7 @@ def simulated(capacity: list[float], args: argparse.Namespace,
     pauses: the clairvoyant router, and the best router that sees a pause only after
     ``STALL_GAPS`` 1x service times of silence, without and with hedging (medians over the
     repeats of their p99 and p99.9)."""
+    from meshd.score.strategies import SERVICE_WEIGHT
     from meshd.score.target import STALL_GAPS
 
     service = service_times(capacity)
@@ -807,10 +853,15 @@ def simulated(capacity: list[float], args: argparse.Namespace,
                           ("blind", detecting(service, args.stalling, pauses, times, detect,
                                               False)),
                           ("blind_hedged", detecting(service, args.stalling, pauses, times,
-                                                     detect, True))):
+                                                     detect, True)),
+                          ("hybrid_rule", detecting(service, args.stalling, pauses, times,
+                                                    detect, True, SERVICE_WEIGHT)),
+                          ("least_conn", least_conn(service, args.stalling, pauses, times,
+                                                    random.Random(rep)))):
             runs.setdefault(name, []).append(distribution(
                 [x for t, x in zip(times, lat, strict=True) if window[0] <= t < window[1]]))
-    return {name: {"p99": statistics.median(d["p99"] for d in ds),
+    return {name: {"p50": statistics.median(d["p50"] for d in ds),
+                   "p99": statistics.median(d["p99"] for d in ds),
                    "p999": statistics.median(d["p999"] for d in ds),
                    "p99_runs": [d["p99"] for d in ds], "p999_runs": [d["p999"] for d in ds]}
             for name, ds in runs.items()}
@@ -888,12 +939,15 @@ def build(results: dict[str, Any], capacity: list[float]) -> tuple[list[list[str
                 arrivals_router += sum(r["arrivals"] for r in rs)
         for key, label in (("clairvoyant", "simulated: clairvoyant router"),
                            ("blind", "simulated: best router blind to pauses, no hedge"),
-                           ("blind_hedged", "simulated: the same, hedging at detection")):
+                           ("blind_hedged", "simulated: the same, hedging at detection"),
+                           ("hybrid_rule", "simulated: the same, hedging, ranking as hybrid "
+                                           "(half the service)"),
+                           ("least_conn", "simulated: least_conn, exact counts")):
             if key in sec:
                 c = sec[key]
-                rows.append([section, f"{label} (queue + service only)", "-", "-",
-                             f"{c['p99']:.1f}", f"{c['p999']:.1f}", "-", "-", "-", "-", "-",
-                             "-"])
+                rows.append([section, f"{label} (queue + service only)", "-",
+                             f"{c['p50']:.1f}" if "p50" in c else "-", f"{c['p99']:.1f}",
+                             f"{c['p999']:.1f}", "-", "-", "-", "-", "-", "-"])
         hyb = runs.get("router/hybrid", [])
         where = f"{STEADY_LOAD:.0%}, {'three doors' if sec['doors'] > 1 else 'one door'}"
         if section in ("steady", "many"):
