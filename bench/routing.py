@@ -1075,6 +1075,7 @@ def main() -> int:
     from meshd.devtriton import DEFAULT_REPO, TritonServer
 
     started = time.perf_counter()
+    args.git_at_start = git_state()  # the code the run ran, whatever is committed meanwhile
     workdir = Path(tempfile.mkdtemp(prefix="meshd-bench-routing-"))
     log(f"routing{' (quick)' if args.quick else ''}: work dir {workdir}; load average "
         f"{loadavg()}")
@@ -1191,9 +1192,11 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], capacity: li
     report = {
         "benchmark": "routing", "quick": args.quick, "argv": sys.argv,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **machine_info(),
-        "loadavg_end": loadavg(), "git": git_state(), "wall_s": wall,
+        "loadavg_end": loadavg(), "git": getattr(args, "git_at_start", None) or git_state(),
+        "wall_s": wall,
         "nginx": nginx_mod.version() if args.nginx else None,
-        "setup": {k: v for k, v in vars(args).items() if k not in ("out", "router_child")},
+        "setup": {k: v for k, v in vars(args).items()
+                  if k not in ("out", "router_child", "git_at_start")},
         "capacity": capacity,
         "table": [dict(zip(HEAD, r, strict=True)) for r in rows],
         "bars": [dict(zip(["bar", "measured", "target", "verdict"], b, strict=True))
