@@ -451,8 +451,9 @@ class Breakdown:
 
     def _patch(self, obj: Any, attr: str, name: str, instance: bool) -> None:
         orig = getattr(obj, attr)
+        own = attr in getattr(obj, "__dict__", {})  # an attribute of the instance's own
         setattr(obj, attr, self._wrap(name, orig))
-        if instance:  # a bound method shadowed in the instance's dict
+        if instance and not own:  # a bound method shadowed in the instance's dict
             self.undo.append(lambda: delattr(obj, attr))
         else:
             self.undo.append(lambda: setattr(obj, attr, orig))
