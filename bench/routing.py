@@ -285,6 +285,16 @@ def arrivals(seed: int, phases: Sequence[tuple[float, float]]) -> list[float]:
     return out
 
 
+def frozen_end(start: float, service: float, pauses: Sequence[tuple[float, float]]) -> float:
+    """When a service that starts at ``start`` ends on a replica frozen during ``pauses`` (the
+    ``delay`` model's rule: a service that meets a pause is held for the rest of it)."""
+    end = start + service
+    for a, b in pauses:
+        if a < end and b > start:
+            end += b - max(a, start)
+    return end
+
+
 def clairvoyant(service_s: Sequence[float], stalling: int,
                 pauses: Sequence[tuple[float, float]], times: Sequence[float]) -> list[float]:
     """Latencies (ms, queue + service only) under a router no real one can match.
@@ -301,13 +311,7 @@ def clairvoyant(service_s: Sequence[float], stalling: int,
     free = [0.0] * n
 
     def finish(i: int, t: float) -> float:
-        start = max(t, free[i])
-        end = start + service_s[i]
-        if i == stalling:
-            for a, b in pauses:
-                if a < end and b > start:
-                    end += b - max(a, start)
-        return end
+        return frozen_end(max(t, free[i]), service_s[i], pauses if i == stalling else ())
 
     lat = []
     for t in times:
@@ -334,12 +338,8 @@ def least_conn(service_s: Sequence[float], stalling: int,
                 ends[i] = [e for e in ends[i] if e > t]
         fewest = min(len(e) for e in ends)
         best = rng.choice([i for i in range(n) if len(ends[i]) == fewest])
-        start = max(t, free[best])
-        end = start + service_s[best]
-        if best == stalling:
-            for a, b in pauses:
-                if a < end and b > start:
-                    end += b - max(a, start)
+        end = frozen_end(max(t, free[best]), service_s[best],
+                         pauses if best == stalling else ())
         free[best] = end
         ends[best].append(end)
         lat.append((end - t) * 1e3)
@@ -375,13 +375,7 @@ def detecting(service_s: Sequence[float], stalling: int,
     k = m = 0
 
     def finish(i: int, t: float) -> float:
-        start = max(t, free[i])
-        end = start + service_s[i]
-        if i == stalling:
-            for a, b in pauses:
-                if a < end and b > start:
-                    end += b - max(a, start)
-        return end
+        return frozen_end(max(t, free[i]), service_s[i], pauses if i == stalling else ())
 
     for j, t in enumerate(times):
         while k < len(events) and events[k][0] <= t:
