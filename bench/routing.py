@@ -370,7 +370,8 @@ def detecting(service_s: Sequence[float], stalling: int,
     stuck: list[tuple[int, float]] = []
     """(request, finish) of requests at the stalling replica not yet served."""
     lat = [0.0] * len(times)
-    events = sorted((a + detect_s, a, b) for a, b in pauses)
+    seen_at = sorted(a + detect_s for a, _ in pauses)
+    """When the router notices each pause."""
     ends_of_pauses = sorted(b for _, b in pauses)
     k = m = 0
 
@@ -378,16 +379,15 @@ def detecting(service_s: Sequence[float], stalling: int,
         return frozen_end(max(t, free[i]), service_s[i], pauses if i == stalling else ())
 
     for j, t in enumerate(times):
-        while k < len(events) and events[k][0] <= t:
-            seen, _, _ = events[k]
+        while k < len(seen_at) and seen_at[k] <= t:
+            seen = seen_at[k]
             k += 1
             if not hedge:
                 continue
             for req, end in stuck:
                 if end <= seen:
                     continue
-                others = [i for i in range(n) if i != stalling]
-                ends = {i: finish(i, seen) for i in others}
+                ends = {i: finish(i, seen) for i in range(n) if i != stalling}
                 best = min(ends, key=ends.__getitem__)
                 free[best] = ends[best]
                 lat[req] = min(lat[req], (ends[best] - times[req]) * 1e3)

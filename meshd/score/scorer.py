@@ -802,32 +802,26 @@ class Scorer:
 
     # --- hedging ----------------------------------------------------------------------------
 
-    def stalled(self, replica: str, now: float) -> bool:
-        """Whether ``replica`` has stopped answering (see :meth:`Target.silent`): a late
-        request there is worth a hedge; one late in a queue that is moving mostly is not."""
-        target = self.table.by_key.get(replica)
-        return target is not None and target.silent(now)
-
     def hedge_target(self, decision_id: int, first: str, now: float) -> Choice | None:
         """Where a hedge of a decision's request stuck at ``first`` should go now: the
         decision's other target predicted quickest at this moment (the ranking is as old as
         the hedge delay, and a stall elsewhere may have begun since), or None when ``first``
-        is still answering or no other target with spare capacity is predicted to answer
-        before ``first`` is expected to (ask again later), or there is no other target.  The
-        hedge counts
-        in its target's backlog until its outcome is reported."""
-        stuck = self.table.by_key.get(first)
+        is still answering (see :meth:`Target.silent`) or no other target with spare capacity
+        is predicted to answer before ``first`` is expected to (ask again later), or there is
+        no other target.  The hedge counts in its target's backlog until its outcome is
+        reported."""
+        by_key = self.table.by_key
+        stuck = by_key.get(first)
         if stuck is None or not stuck.silent(now):
             return None
         d = self.decisions.get(decision_id)
         if d is None:
             return None
-        by_key = self.table.by_key
         others = [t for k in d.predicted if k != first and (t := by_key.get(k)) is not None]
         if not others:
             return None
         predict_all(others, d.units, now)
-        if d.hedge_key:
+        if d.hedge_key:  # asked again: counted once already
             best = min(others, key=attrgetter("p_seconds"))
         else:
             # Only to a replica with spare capacity (no more than one request's service of
@@ -842,8 +836,7 @@ class Scorer:
             best = min(spare, key=attrgetter("p_seconds"))
             if best.p_seconds >= now - stuck.stats.waiting_since:
                 return None
-        if not d.hedge_key:  # one hedge per decision is counted
-            best.stats.hedges += 1
+            best.stats.hedges += 1  # one hedge per decision is counted
             d.hedge_key = best.key
         return _choice(best)
 
