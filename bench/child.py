@@ -43,12 +43,12 @@ class Child:
     def __init__(self, script: str | Path, kind: str, spec: dict[str, Any], log: Path,
                  start_timeout: float = 60, env: dict[str, str] | None = None) -> None:
         """``env``: the child's environment (default: ours)."""
-        from meshd.devtriton import _pdeathsig_prefix
+        from meshd.dev.processes import pdeathsig_prefix
 
         self.kind = kind
         self.log = open(log, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [*_pdeathsig_prefix(), sys.executable, str(Path(script).resolve()),
+            [*pdeathsig_prefix(), sys.executable, str(Path(script).resolve()),
              f"--{kind}-child", json.dumps(spec)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1, cwd=ROOT,
             env={**(os.environ if env is None else env), "PYTHONPATH": str(ROOT)})

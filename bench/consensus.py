@@ -12,7 +12,7 @@ Sections (``--only`` keys):
   follower (pysyncobj forwards the command to the leader).  Also from the leader: the time spent
   in :class:`consensus.durability.JournalSync` (msync/fsync) per commit.
   Bars: leader commit p50 <= 2 ms, p99 <= 10 ms.
-* ``admin`` - real meshd processes (``tests/cluster.py``): three coordinators
+* ``admin`` - real meshd processes (``testbed/cluster.py``): three coordinators
   (``--role coordinator --bootstrap-expect 3``) and one plain node.  A client in this process
   (``grpc`` sync stubs over mTLS as an admin, one long-lived channel per node) makes sequential
   unary calls, the rows interleaved in blocks so drift on the machine is spread over all of
@@ -92,9 +92,6 @@ BATCH_THREADS = 4
 DIVERGED_AFTER = 10.0
 """Seconds a restarted coordinator may show the leader's last_applied but another store
 version before the catch-up is called diverged (its state machine is not the leader's)."""
-RAFT_PORTS = (32100, 32700)
-"""Raft ports are drawn from here: above tests/cluster.py's gossip/admin range and below
-Linux's ephemeral range (32768+), so they collide with neither."""
 HEAD = ("metric", "value", "bar", "result")
 
 
@@ -149,16 +146,6 @@ def _log(msg: str) -> None:
 
 def _quota(name: str, value: float) -> dict[str, Any]:
     return {"kind": "TenantQuota", "name": name, "spec": {"requests_per_second": value}}
-
-
-def _raft_port(ips: list[str], span: int = 2) -> int:
-    from tests.cluster import port_free
-
-    for _ in range(200):
-        port = random.randrange(*RAFT_PORTS)
-        if all(port_free(ip, port + k) for ip in ips for k in range(span)):
-            return port
-    raise RuntimeError(f"no free Raft port in {RAFT_PORTS}")
 
 
 # --- raft: RaftGroup in child processes ---------------------------------------------------------
@@ -241,12 +228,12 @@ def raft_child(spec: dict[str, Any]) -> int:
 
 class _Child:
     def __init__(self, spec: dict[str, Any], log: Path) -> None:
-        from tests.cluster import _pdeathsig_prefix
+        from meshd.dev.processes import pdeathsig_prefix
 
         self.addr = spec["self"]
         self.log = open(log, "ab")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            [*_pdeathsig_prefix(), sys.executable, str(Path(__file__).resolve()),
+            [*pdeathsig_prefix(), sys.executable, str(Path(__file__).resolve()),
              "--raft-child", json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self.log, text=True, bufsize=1, cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -280,11 +267,12 @@ class _Child:
 def raft_bench(n: int, warmup: int, workdir: Path) -> dict[str, Any]:
     from certs.ca import CertificateAuthority
     from certs.spiffe import SpiffeId
-    from tests.cluster import node_ip
+    from testbed.cluster import node_ip
+    from testbed.raft import pick_raft_port
 
     ca = CertificateAuthority.create(TRUST_DOMAIN)
     ips = [node_ip(i) for i in (1, 2, 3)]
-    port = _raft_port(ips, 1)
+    port = pick_raft_port(ips, span=1)
     addrs = [f"{ip}:{port}" for ip in ips]
     names = {a: f"r{i + 1}" for i, a in enumerate(addrs)}
     children: list[_Child] = []
@@ -469,16 +457,14 @@ class Mesh:
 
 
 def start_mesh(workdir: Path, spare: int) -> Mesh:
-    from tests.cluster import Cluster, node_ip
+    from testbed.cluster import Cluster, node_ip
+    from testbed.raft import coordinator_args, pick_raft_port
 
     ips = [node_ip(i) for i in range(1, 4 + spare + 1)]
-    rp = _raft_port([ips[i] for i in (0, 1, 2, *range(4, 4 + spare))])
+    rp = pick_raft_port([ips[i] for i in (0, 1, 2, *range(4, 4 + spare))])
 
     def args(i: int) -> list[str]:
-        if i <= 3:
-            return ["--role", "coordinator", "--bootstrap-expect", "3", "--raft",
-                    f"{node_ip(i)}:{rp}"]
-        return []
+        return coordinator_args(i, rp, 3) if i <= 3 else []
 
     cluster = Cluster(4, workdir / "mesh", node_args=args, spare=spare)
     mesh = Mesh(cluster, Admin(cluster.admin_creds), rp)
@@ -907,7 +893,7 @@ def _count_docs(mesh: Mesh, node: Any, prefix: str) -> int:
 
 
 def catchup_bench(mesh: Mesh, policies: int, new_coordinator: bool) -> dict[str, Any]:
-    from tests.cluster import node_ip
+    from testbed.cluster import node_ip
 
     out: dict[str, Any] = {"policies": policies}
     h = mesh.wait_healthy(90)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/gossip_procs.py [--nodes 32] [--idle 30] [--out PATH]
 
-Uses the integration-test harness (``tests/cluster.py``): node ``i`` runs on 127.0.0.(i+1)
+Uses the integration-test harness (``testbed/cluster.py``): node ``i`` runs on 127.0.0.(i+1)
 (Linux) with a free port triple, LAN profile, plaintext gossip, one seed.
 
 1. **join** - the seed starts; once it serves, the other N-1 start at once (``--join seed
@@ -44,7 +44,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 from bench.table import print_table  # noqa: E402
-from tests.cluster import Cluster, Node  # noqa: E402
+from testbed.cluster import Cluster, Node  # noqa: E402
 
 DETECT_BAR_S = 11.0
 RSS_BAR_MB = 80.0

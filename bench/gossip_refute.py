@@ -7,7 +7,7 @@
 refutes every few seconds.  A member that misses one refutation keeps its timer and declares the
 node dead.  CI saw that once, as one member declaring the stopped node dead.
 
-This runs the same pattern on ``tests.sim.network.SimNetwork`` (LAN profile, 0.5-2 ms latency),
+This runs the same pattern on ``testbed.sim.network.SimNetwork`` (LAN profile, 0.5-2 ms latency),
 ``--runs`` seeds for each cluster size and loss rate, and counts the runs in which anybody
 declared the node dead.  It also reports the UDP bytes each member sent per second, which is
 what sending each broadcast more often in small clusters costs.  Writes
@@ -31,7 +31,7 @@ from bench.table import publish  # noqa: E402
 from gossip.broadcast import retransmit_limit  # noqa: E402
 from gossip.config import Config  # noqa: E402
 from gossip.events import EventKind, MemberEvent  # noqa: E402
-from tests.sim.network import STARVE_PHASES, SimNetwork  # noqa: E402
+from testbed.sim.network import STARVE_PHASES, SimNetwork  # noqa: E402
 
 SIZES = (5, 8, 9, 16)
 LOSSES = (0.0, 0.02)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/gossip_sim.py [--quick] [--seed N] [--jobs 2]
 
-Every scenario runs ``gossip.Swim`` cores (LAN profile) on ``tests.sim.network.SimNetwork``: a
+Every scenario runs ``gossip.Swim`` cores (LAN profile) on ``testbed.sim.network.SimNetwork``: a
 virtual clock, 1% random packet loss and 0.5-2 ms latency per packet.  Scenarios:
 
 1. **join convergence** - a converged cluster of N nodes (built with ``Swim.restore``); one new
@@ -60,7 +60,7 @@ from gossip.config import Config  # noqa: E402
 from gossip.events import EventKind, MemberEvent  # noqa: E402
 from gossip.state import Status  # noqa: E402
 from gossip.suspicion import suspicion_timeout  # noqa: E402
-from tests.sim.network import SimNetwork  # noqa: E402
+from testbed.sim.network import SimNetwork  # noqa: E402
 
 LOSS = 0.01
 LATENCY = (0.0005, 0.002)

@@ -12,7 +12,8 @@ modules, nothing else:
    for sense (total memory > 0, free <= total, temperature in 0..120 C, power > 0).
 2. **The adapter's loop**: ``GpuAdapter`` polls a few times; it must not fall back to
    CPU-only, and must count no errors.
-3. **The wire**: the readings survive ``signal_wire.encode``/``decode`` (what gossip carries).
+3. **The wire**: the readings survive ``meshd.signals.wire.encode``/``decode`` (what gossip
+   carries).
 4. **Quarantine**: ``HealthMonitor`` with the default ``HealthPolicy`` finds no problem on
    a healthy GPU; with the ECC counter it reads taken as the acknowledged base and a rule of
    one error, it would quarantine only on a new error (checked by adding one).
@@ -40,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.gpu import GpuAdapter, NvmlReader  # noqa: E402
 from adapters.model import GpuState  # noqa: E402
-from meshd.health import HealthMonitor, HealthRules  # noqa: E402
-from meshd.signal_wire import NodeSignals, decode, encode  # noqa: E402
+from meshd.control.health import HealthMonitor, HealthRules  # noqa: E402
+from meshd.signals.wire import NodeSignals, decode, encode  # noqa: E402
 
 GiB = 1 << 30
 

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.child import log  # noqa: E402
 from bench.table import distribution, loadavg, publish, quantile, verdict  # noqa: E402
-from meshd.devtriton import pick_ports  # noqa: E402
+from meshd.dev.ports import pick_ports  # noqa: E402
 
 BAR_MS = 50.0
 PROMETHEUS_SETTLE = 5.0
@@ -222,7 +222,7 @@ def main() -> int:
 
 def prometheus_view(work: Path, target: str, seconds: float) -> dict[str, Any] | None:
     """A real Prometheus scraping the agent every second: its own scrape durations."""
-    from meshd import devprometheus
+    from meshd.dev import prometheus as devprometheus
 
     if devprometheus.binary() is None:
         return None

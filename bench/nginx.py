@@ -71,7 +71,8 @@ class Nginx:
 
     def __init__(self, workdir: Path, grpc: Sequence[str] = (), http: Sequence[str] = (),
                  balance: str = "", name: str = "nginx") -> None:
-        from meshd.devtriton import _pdeathsig_prefix, pick_ports
+        from meshd.dev.ports import pick_ports
+        from meshd.dev.processes import pdeathsig_prefix
 
         self.dir = workdir / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +102,7 @@ class Nginx:
         path.write_text(self.conf)
         self.out = open(self.dir / "stderr.log", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [*_pdeathsig_prefix(), NGINX, "-p", str(self.dir), "-c", str(path), "-e",
+            [*pdeathsig_prefix(), NGINX, "-p", str(self.dir), "-c", str(path), "-e",
              str(self.dir / "error.log")], stdin=subprocess.DEVNULL, stdout=self.out,
             stderr=self.out, start_new_session=True)
         self.pid = self.proc.pid
@@ -132,9 +133,9 @@ class Nginx:
         return " | ".join(text.strip().splitlines()[-3:])
 
     def pids(self) -> list[int]:
-        from meshd.devtriton import _group_members
+        from meshd.dev.processes import group_members
 
-        return _group_members(self.pid) or [self.pid]
+        return group_members(self.pid) or [self.pid]
 
     def cpu(self) -> dict[str, Any]:
         return {"cpu": sum(proc_cpu_s(p) or 0.0 for p in self.pids())}

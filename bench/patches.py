@@ -3,11 +3,11 @@
     ./dev bench patches [--duration 60] [--agents 8] [--models 64] [--changes 2]
     .venv/bin/python bench/patches.py ...
 
-``--agents`` real meshd processes (``tests/cluster.py``, LAN profile: push-pull every 30 s,
+``--agents`` real meshd processes (``testbed/cluster.py``, LAN profile: push-pull every 30 s,
 ``--gpu off``), none subscribing.  One publisher, n2, carries ``--models`` replicas fed through
 ``StatePlane.ReportModelState`` (as a vLLM or TGI exporter would), brought up four at a time;
 its ``sig`` section is then several times gossip's 1 KiB broadcast limit, so between
-push-pulls its changes can only travel as patches (``meshd.signal_patch``).
+push-pulls its changes can only travel as patches (``meshd.signals.patch``).
 
 Every 0.5 s this process changes ``--changes`` random models' queues by a material step (at
 least 3 requests, and a quarter) and stamps each change with CLOCK_MONOTONIC (shared by all
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from certs.identity import Identity
-    from tests.cluster import Cluster, metric_sum
+    from testbed.cluster import Cluster, metric_sum
 
     rng = random.Random(args.seed)
     models = [f"model-{i:03d}" for i in range(args.models)]

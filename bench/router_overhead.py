@@ -13,12 +13,12 @@ protocol measured in the same run:
   per-round differences);
 * the router's CPU per request <= 1.2x the bare proxy's, at concurrency 16 (concurrency 1 is
   reported beside it);
-* gRPC: the client library (``meshd.client``, no proxy hop) adds <= 0.15 ms p50 over calling
+* gRPC: the client library (``meshd.score.client``, no proxy hop) adds <= 0.15 ms p50 over calling
   Triton directly, at concurrency 1 (pooled and paired median).
 
 NGINX's figures are reported beside ours as they are, with no bar.
 
-One real Triton server (``meshd.devtriton.TritonServer`` on ``tests/triton_models``, serving
+One real Triton server (``meshd.dev.triton.TritonServer`` on ``tests/triton_models``, serving
 ``add_sub`` only), and the paths to it, for each protocol.  Every client is a ``tritonclient``
 sending ``add_sub`` with two [1, 16] FP32 inputs (built once), binary tensor data both ways
 over HTTP (tritonclient's default: binary inputs, ``binary_data_output``):
@@ -54,7 +54,7 @@ over HTTP (tritonclient's default: binary inputs, ``binary_data_output``):
   on a port of its own, scoring through the router child's score link on a Unix socket.  Its
   CPU per request is the worker's plus the router child's (which serves the score calls and
   outcome stream in that round): what one request through a worker costs the node.  No bar;
-* ``client`` (gRPC, concurrency 1 only: a synchronous library): ``meshd.client.MeshClient``
+* ``client`` (gRPC, concurrency 1 only: a synchronous library): ``meshd.score.client.MeshClient``
   in watch mode over the router child's score API (the worker's Unix socket) -> Triton
   directly.  Its CPU column is the agent's (the router child streaming weights and taking
   the outcome batches); the caller's own CPU is reported beside the direct path's.
@@ -103,7 +103,6 @@ import platform
 import pstats
 import resource
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -151,10 +150,10 @@ CPU_RATIO_BAR = 1.2
 ADDED_P50_MARGIN_MS = 0.1
 """The router's added p50 may exceed the bare proxy's by this much (concurrency 1)."""
 CLIENT_ADDED_P50_MS = 0.15
-"""The client library (``meshd.client``, no proxy hop) may add this much p50 over calling
+"""The client library (``meshd.score.client``, no proxy hop) may add this much p50 over calling
 Triton directly (concurrency 1)."""
 SYNC_ONLY = ("client",)
-"""Paths measured at concurrency 1 only: ``meshd.client.MeshClient`` is a synchronous
+"""Paths measured at concurrency 1 only: ``meshd.score.client.MeshClient`` is a synchronous
 library (its concurrency is its caller's threads)."""
 CLIENT_URL = "meshclient+"
 """A target URL naming the client library over the agent's score API at the rest."""
@@ -515,12 +514,12 @@ async def _router(upstream: str, http: bool = False, http_upstream: str = ""
     import dataclasses
 
     from adapters.model import ReplicaState
-    from meshd.fused import FusedState
     from meshd.router import server as router_server
     from meshd.router.scoring import LocalScoring
     from meshd.score.limiter import LimiterConfig
     from meshd.score.scorer import Scorer
-    from meshd.signal_wire import NodeSignals
+    from meshd.signals.fused import FusedState
+    from meshd.signals.wire import NodeSignals
 
     loop = asyncio.get_running_loop()
     fused = FusedState("router")
@@ -587,16 +586,16 @@ async def _worker(scorer: Any) -> tuple[str, int, Callable[[], Any], str]:
     its pid, a coroutine function that stops it, and the score API's address (the client
     library's path asks it too)."""
 
-    from meshd import score_api, score_link
+    from meshd.dev.ports import free_port
     from meshd.router.pool import WorkerPool
+    from meshd.score import link as score_link
+    from meshd.score import service as score_api
 
     loop = asyncio.get_running_loop()
     d = tempfile.mkdtemp(prefix="meshd-bench-w-")
     score, where = await score_api.serve(scorer, loop.time, f"{d}/score.sock", lambda: None)
     link, _ = await score_link.serve(scorer, loop.time, f"{d}/link.sock")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     pool = WorkerPool(1, ["--score", where, "--link", f"{d}/link.sock", "--router",
                           f"127.0.0.1:{port}", "--data", d, "--node", "bench", "--dev",
                           "--log-level", "warning"])
@@ -673,12 +672,12 @@ def _inputs(module: Any) -> list[Any]:
 
 def sync_client(proto: str, url: str) -> Any:
     """A sync tritonclient for ``url`` (``host:port``) and its inputs; for a
-    :data:`CLIENT_URL`, a ``meshd.client.MeshClient`` over that score API (watch mode: it
+    :data:`CLIENT_URL`, a ``meshd.score.client.MeshClient`` over that score API (watch mode: it
     picks locally from the agent's streamed weights and calls Triton itself)."""
     if url.startswith(CLIENT_URL):
         import tritonclient.grpc as tc
 
-        from meshd.client import MeshClient
+        from meshd.score.client import MeshClient
 
         return MeshClient(url.removeprefix(CLIENT_URL)), _inputs(tc)
     if proto == "grpc":
@@ -1126,7 +1125,7 @@ def bar_rows(results: dict[str, Any], skipped: dict[str, dict[str, str]]) -> lis
         if "client" in c1:
             e = c1["client"]
             pooled, pr = e["added_p50_us_pooled"], e["added_p50_us_paired"]
-            rows.append([f"{name}: client library (meshd.client) added p50 over direct, "
+            rows.append([f"{name}: client library (meshd.score.client) added p50 over direct, "
                          f"concurrency {lo}",
                          f"{pooled / 1000:+.3f} ms pooled; {pr['median'] / 1000:+.3f} ms median "
                          f"of per-round differences ({pr['min'] / 1000:+.3f} to "
@@ -1256,7 +1255,8 @@ BARS_TEXT = (f"Bars, per protocol, against the bare proxy of the same protocol i
              f"router added p50 at concurrency 1 <= proxy added p50 + {ADDED_P50_MARGIN_MS:g} ms "
              f"(pooled and paired median); router CPU per request <= {CPU_RATIO_BAR:g}x the "
              f"proxy's at concurrency {CONCURRENCY[-1]} (concurrency 1 reported); gRPC: the "
-             f"client library (meshd.client) added p50 over direct <= {CLIENT_ADDED_P50_MS:g} "
+             f"client library (meshd.score.client) added p50 over direct <= "
+             f"{CLIENT_ADDED_P50_MS:g} "
              "ms at concurrency 1. NGINX beside, no bar. Latencies in ms; added = path - "
              "direct; CPU per request of the path's process(es).")
 
@@ -1354,7 +1354,7 @@ def main(argv: list[str] | None = None) -> int:
     args.calls_c16 = args.calls_c16 or (300 if q else 2000)
     args.profile_calls = args.profile_calls or (500 if q else 3000)
 
-    from meshd.devtriton import DEFAULT_REPO, TritonServer, unavailable_reason
+    from meshd.dev.triton import DEFAULT_REPO, TritonServer, unavailable_reason
 
     reason = unavailable_reason()
     if reason:

@@ -5,7 +5,7 @@ round robin and least-request, and NGINX ``least_conn`` - under open-loop load.
     ./dev bench routing [--quick] [--repeats 5] [--duration 30] [--sections ...]
     .venv/bin/python bench/routing.py ...
 
-**The replicas.** Four ``meshd.devtriton.TritonServer`` processes serving the ``delay``
+**The replicas.** Four ``meshd.dev.triton.TritonServer`` processes serving the ``delay``
 model of ``tests/triton_models`` (one instance, no batching: requests queue in Triton), with
 service times of 1x, 1x, 2x and 5x ``--service-ms`` (default 5 ms).  Replica ``--stalling``
 (1, a 1x one) pauses for ``--stall-ms`` (250 ms) at scheduled moments, about every
@@ -152,11 +152,11 @@ async def _router_child(spec: dict[str, Any]) -> int:
     (stops it; prints its counters), ``cpu`` and ``stop`` on stdin, one JSON line each."""
     from adapters.triton import TritonEndpoint
     from meshd import collector
-    from meshd.fused import FusedState
     from meshd.router import server as router_server
     from meshd.router.scoring import LocalScoring
     from meshd.score.scorer import Scorer
-    from meshd.signals import SignalPlane
+    from meshd.signals.fused import FusedState
+    from meshd.signals.plane import SignalPlane
     from policy.model import validate as validate_policy
 
     loop = asyncio.get_running_loop()
@@ -1066,7 +1066,7 @@ def main() -> int:
     if args.service_ms * min(SPEEDS) < MODEL_BASE_MS:
         ap.error(f"--service-ms must be >= {MODEL_BASE_MS} (the model's own base delay)")
 
-    from meshd.devtriton import DEFAULT_REPO, TritonServer
+    from meshd.dev.triton import DEFAULT_REPO, TritonServer
 
     started = time.perf_counter()
     args.git_at_start = git_state()  # the code the run ran, whatever is committed meanwhile

@@ -7,7 +7,7 @@
 A deterministic discrete-event simulation (one heap, simulated seconds) of routers sending an
 open-loop Poisson load to Triton-like replicas.  What it measures is the product code: every
 simulated router is a real :class:`meshd.score.scorer.Scorer` over its own real
-:class:`meshd.fused.FusedState`, with the strategy chosen by a ``RoutingPolicy`` document
+:class:`meshd.signals.fused.FusedState`, with the strategy chosen by a ``RoutingPolicy`` document
 validated like the agent's (``policy.model.validate``); admission, adaptive limits, hedge
 offers and the outcome feedback (``Scorer.report``) are the scorer's own.
 
@@ -97,10 +97,10 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.model import ReplicaState  # noqa: E402
 from bench.table import format_table, loadavg, machine_info  # noqa: E402
-from meshd.fused import FusedState  # noqa: E402
 from meshd.score.limiter import LimiterConfig  # noqa: E402
 from meshd.score.scorer import Scorer, ScoreRequest, Status  # noqa: E402
-from meshd.signal_wire import NodeSignals  # noqa: E402
+from meshd.signals.fused import FusedState  # noqa: E402
+from meshd.signals.wire import NodeSignals  # noqa: E402
 from policy.model import validate  # noqa: E402
 
 MODEL = "m"

@@ -30,7 +30,7 @@ Sections (``--only`` keys):
   workload (about 60 us) in the same loop: its p99/p50 is what the machine's jitter alone
   does to a constant cost.
 
-* ``grpc`` - ``meshd.score_api.serve`` in a child process (its own GIL) over the same
+* ``grpc`` - ``meshd.score.service.serve`` in a child process (its own GIL) over the same
   64-replica mesh (default strategy ``hybrid``; telemetry refreshed at ``--churn``/s so no
   figure goes stale), listening on loopback TCP and on a Unix socket.  Clients in this
   process: ``grpc.aio`` and sync ``grpc``, each calling ``ScoreTargets`` sequentially
@@ -125,7 +125,7 @@ class BenchMesh:
     documents, handed to a Scorer as the agent would (cf. ``tests/test_score.py``'s Mesh)."""
 
     def __init__(self, n: int, seed: int, now: float) -> None:
-        from meshd.fused import FusedState
+        from meshd.signals.fused import FusedState
 
         self.n = n
         self.rng = random.Random(seed)
@@ -147,7 +147,7 @@ class BenchMesh:
     def node(self, i: int, now: float) -> None:
         """Node ``i``'s telemetry, freshly measured: as gossip or a stream delivers it."""
         from adapters.model import GpuState, ReplicaState
-        from meshd.signal_wire import NodeSignals
+        from meshd.signals.wire import NodeSignals
 
         spu, instances, free_gib = self.static[i]
         self.seq += 1
@@ -290,13 +290,13 @@ def inproc_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def server_child(spec: dict[str, Any]) -> int:
-    """Serve ``score_api`` on loopback TCP and ``spec['uds']``; print the addresses, serve
+    """Serve the score service on loopback TCP and ``spec['uds']``; print the addresses, serve
     until stdin closes or says ``stop``."""
     return asyncio.run(_server_main(spec))
 
 
 async def _server_main(spec: dict[str, Any]) -> int:
-    from meshd import score_api
+    from meshd.score import service as score_api
 
     loop = asyncio.get_running_loop()
     mesh = BenchMesh(int(spec["targets"]), int(spec["seed"]), loop.time())

@@ -23,7 +23,7 @@ Sections (``--only`` keys):
   interceptor (context).  Bar: the p50 of mTLS + RBAC + audit <= 1.2x the plaintext p50.
   In-process context rows: the ``Members`` handler alone, ``PeerVerifier.verify_pem`` on a
   cached certificate and ``AuditLog.record`` in a tight loop.
-* ``enroll`` - 32 real meshd processes (``tests/cluster.py``, LAN profile, ``provision=False``):
+* ``enroll`` - 32 real meshd processes (``testbed/cluster.py``, LAN profile, ``provision=False``):
   n1 holds the CA (``--ca-dir``); once its admin API answers, n2..n32 start at once with
   ``MESHD_JOIN_TOKEN`` (one token, 31 uses) and enroll through n1's gossip port.  Measured from
   the first of those 31 starts: every one has ``identity/cert.pem`` (polled every 20 ms), and
@@ -51,7 +51,6 @@ import os
 import platform
 import random
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -187,12 +186,6 @@ def issue_bench(n: int) -> dict[str, Any]:
 # --- admin: servers in this process, the client in another ------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _admin_state(n_members: int) -> tuple[Any, Any]:
     """A ``Swim`` with ``n_members`` alive members (itself included) and a coordinate plane
     that has a coordinate for every peer, so ``Members`` fills every field."""
@@ -229,10 +222,11 @@ async def _admin_servers(spec: dict[str, Any]) -> dict[str, Any]:
     import grpc
 
     from certs import tls
-    from meshd.admin import AdminService
-    from meshd.control import ControlPlane
+    from meshd.admin.server import AdminService
+    from meshd.control.plane import ControlPlane
+    from meshd.dev.ports import free_port
     from proto.mesh.v1 import admin_pb2_grpc
-    from tests.admin_server import dev_security, start_admin
+    from testbed.admin import dev_security, start_admin
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-security-admin-"))
     try:
@@ -244,7 +238,7 @@ async def _admin_servers(spec: dict[str, Any]) -> dict[str, Any]:
 
         control = ControlPlane(swim.name, sec.dir, sec, coordinator=False)
         control.attach(swim, None, "")
-        ports = {s: _free_port() for s in SERVERS}
+        ports = {s: free_port() for s in SERVERS}
         service = AdminService(swim, clock, plane, sec, control)
         plain = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         admin_pb2_grpc.add_AdminServicer_to_server(service, plain)
@@ -312,8 +306,8 @@ def _interceptor_parts(sec: Any, tmp: Path, n: int) -> dict[str, float]:
     from cryptography.hazmat.primitives.serialization import Encoding
 
     from certs.identity import Identity
-    from meshd.admin import default_policy
-    from meshd.rbac import AuditLog, Principal
+    from meshd.admin.rbac import AuditLog, Principal
+    from meshd.admin.server import default_policy
 
     client = Identity.load(sec.dir / "meshctl")
     pem = client.chain[0].public_bytes(Encoding.PEM)
@@ -415,7 +409,7 @@ def _log_time(entry: dict[str, Any]) -> float:
 def enroll_run(workdir: Path, n: int, timeout: float) -> dict[str, Any]:
     from certs import tokens
     from certs.ca import CertificateAuthority
-    from tests.cluster import Cluster, RpcFailed, metric_sum
+    from testbed.cluster import Cluster, RpcFailed, metric_sum
 
     # The CA first, so the token can be put in every joiner's environment up front (the
     # Cluster loads a CA it finds in workdir/ca).

@@ -6,8 +6,8 @@ what the Triton adapter costs in CPU.
 
 Sections (``--only`` keys):
 
-* ``freshness`` - ``--tritons`` real Triton servers (``meshd.devtriton``, the shipped models
-  ``add_sub`` and ``delay``) and ``--agents`` real meshd processes (``tests/cluster.py``, LAN
+* ``freshness`` - ``--tritons`` real Triton servers (``meshd.dev.triton``, the shipped models
+  ``add_sub`` and ``delay``) and ``--agents`` real meshd processes (``testbed/cluster.py``, LAN
   profile, ``--gpu off``).  Agents n2..n(T+1) each poll one Triton (``--triton
   GRPC,metrics=URL``, default intervals: queue 100 ms, statistics 1 s).  Observers: the last
   agent and n1 are *gossip only*; the agents in between run ``--subscribe '*'`` (a Subscribe
@@ -203,7 +203,7 @@ async def _load_main(spec: dict[str, Any]) -> int:
     import numpy as np
     import tritonclient.grpc.aio as tc
 
-    from meshd.devtriton import CONTROL_REFRESH_S, write_behaviour
+    from meshd.dev.triton import CONTROL_REFRESH_S, write_behaviour
 
     rng = random.Random(spec.get("seed"))
     stop = asyncio.Event()
@@ -313,12 +313,12 @@ class Child:
     """A child process of this script speaking JSON lines on stdout."""
 
     def __init__(self, flag: str, spec: dict[str, Any], log: Path) -> None:
-        from tests.cluster import _pdeathsig_prefix
+        from meshd.dev.processes import pdeathsig_prefix
 
         self.flag = flag
         self.log = open(log, "ab")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            [*_pdeathsig_prefix(), sys.executable, str(Path(__file__).resolve()), flag,
+            [*pdeathsig_prefix(), sys.executable, str(Path(__file__).resolve()), flag,
              json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
             text=True, bufsize=1, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -779,7 +779,7 @@ def agent_metrics(cluster: Any) -> dict[str, Any]:
 def freshness_bench(servers: list[Any], args: argparse.Namespace, workdir: Path
                     ) -> dict[str, Any]:
     from certs.identity import Identity
-    from tests.cluster import Cluster
+    from testbed.cluster import Cluster
 
     roles = roles_for(args.agents, args.tritons)
     by_index = {i: n for n, i in roles.publishers.items()}
@@ -950,7 +950,7 @@ def adapter_child(spec: dict[str, Any]) -> int:
 def four_model_repo(path: Path) -> Path:
     """The shipped repository plus renamed copies of both models (config edited, the version
     directories symlinked): 4 models."""
-    from meshd.devtriton import DEFAULT_REPO
+    from meshd.dev.triton import DEFAULT_REPO
 
     path.mkdir(parents=True, exist_ok=True)
     for model in ("add_sub", "delay"):
@@ -1240,7 +1240,7 @@ def main(argv: list[str] | None = None) -> int:
     if sections - set(SECTIONS):
         ap.error(f"--only: unknown section(s) {sorted(sections - set(SECTIONS))}")
 
-    from meshd.devtriton import (
+    from meshd.dev.triton import (
         DEFAULT_REPO,
         TritonServer,
         start_all,

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from bench.child import log  # noqa: E402
 from bench.router_overhead import MODEL, AioClients, Child  # noqa: E402
 from bench.table import loadavg, publish, quantile, verdict  # noqa: E402
-from tests.otlp_receiver import Receiver  # noqa: E402
+from testbed.otlp import Receiver  # noqa: E402
 
 BAR = 0.05
 CONCURRENCY = 8
@@ -125,7 +125,7 @@ def main() -> int:
     q = args.quick
     args.rounds = args.rounds or (3 if q else 30)
     args.calls = args.calls or (300 if q else 2000)
-    from meshd.devtriton import DEFAULT_REPO, TritonServer, unavailable_reason
+    from meshd.dev.triton import DEFAULT_REPO, TritonServer, unavailable_reason
 
     reason = unavailable_reason()
     if reason:

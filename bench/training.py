@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/training.py [--quick] [--only submit,failover,gang,faults]
 
-A local mesh of real meshd processes (``tests/cluster.py``): 3 coordinators (n1-n3, which
+A local mesh of real meshd processes (``testbed/cluster.py``): 3 coordinators (n1-n3, which
 run the ``placements`` Raft group and its scheduler) and ``--trainers`` CPU trainers (4;
 ``--role trainer --gpu off --tag train_slots=2``).  Every job is the canary
 (:mod:`meshd.train.canary`): it appends a wall-clock heartbeat every 20 ms to a file named
@@ -70,8 +70,8 @@ class Bench:
     """The mesh, an admin client, and the jobs' record directory."""
 
     def __init__(self, workdir: Path, trainers: int) -> None:
-        from tests.cluster import Cluster, node_ip
-        from tests.test_consensus_integration import coordinator_args, pick_raft_port
+        from testbed.cluster import Cluster, node_ip
+        from testbed.raft import coordinator_args, pick_raft_port
 
         self.records = workdir / "records"
         n = 3 + trainers
@@ -99,7 +99,7 @@ class Bench:
 
     def call(self, method: str, request: Any, timeout: float = 5.0, via: Any = None) -> Any:
         """An admin call through ``via`` or, on failure, any other running node."""
-        from tests.cluster import RpcFailed
+        from testbed.cluster import RpcFailed
 
         nodes = [via] if via is not None else []
         nodes += [n for n in self.c.nodes if n.running and not n.stopped and n is not via]

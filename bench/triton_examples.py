@@ -30,7 +30,7 @@ index holds exactly 8 (gRPC) / 7 (HTTP) models including ``simple``: pass such e
 ``--url-grpc-explicit`` / ``--url-http-explicit``; with ``--start-triton`` the runner starts one
 per client itself, on a temporary repository of that many links into ``--repo``.
 
-``--start-triton N`` starts N real Triton servers (``meshd.devtriton.TritonServer``, CPU Triton
+``--start-triton N`` starts N real Triton servers (``meshd.dev.triton.TritonServer``, CPU Triton
 2.51 from the nvidia-pytriton wheel) on ``--repo`` (default ``tests/triton_examples``, models
 written for these clients), runs the examples against the first one, stops them all, and then
 runs the model-control clients, each on a server of its own (one at a time). Servers
@@ -277,7 +277,7 @@ def meshd_router(servers: list[Any], work: Path, workers: int) -> Iterator[dict[
     attached (``--triton``), once it routes every model they serve: its gRPC and HTTP URLs."""
     import tritonclient.grpc as tc
 
-    from meshd.devtriton import pick_ports
+    from meshd.dev.ports import pick_ports
 
     ports = pick_ports("127.0.0.1", 5)
     grpc_url, http_url = f"127.0.0.1:{ports[3]}", f"127.0.0.1:{ports[4]}"
@@ -337,7 +337,7 @@ def sized_repository(repo: Path, count: int, dest: Path) -> Path:
 
 def run_with_triton(args: argparse.Namespace, cases: list[Case],
                     examples: Path) -> tuple[list[Outcome], dict[str, Any]]:
-    from meshd.devtriton import TritonServer, start_all, stop_all, unavailable_reason
+    from meshd.dev.triton import TritonServer, start_all, stop_all, unavailable_reason
 
     reason = unavailable_reason()
     if reason is not None:

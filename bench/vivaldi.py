@@ -5,7 +5,7 @@
 Sections (``--only`` keys):
 
 * ``serf`` - Serf's performance tests (``coordinate/performance_test.go``), through
-  ``tests.sim.vivaldi.run_topology``: line, grid, split, circle (2-D, node 0 above a circle)
+  ``testbed.sim.vivaldi.run_topology``: line, grid, split, circle (2-D, node 0 above a circle)
   and random, 1,000 cycles each, seeds 0..``--seeds``-1.  Per topology, the median over seeds of
   each run's average and maximum relative error, against reference medians of Serf's Go
   implementation; bar: ours <= 1.1x the reference, per number.  The circle also reports node
@@ -14,13 +14,13 @@ Sections (``--only`` keys):
 * ``line200`` - context only: the line's average error over 200 seeds, since a 20-seed median
   of it moves by almost 2x from one block of seeds to the next.
 * ``drift`` - Serf's ``TestPerformance_Drift`` on its literal setup
-  (``tests.sim.vivaldi.drift_serf``, which ``run_topology("drift")`` uses): four 2-D nodes
+  (``testbed.sim.vivaldi.drift_serf``, which ``run_topology("drift")`` uses): four 2-D nodes
   started in the first quadrant; after 1,000 cycles the "center error" (the norm of the
   midpoint of the vectors' bounding box) is the baseline; after 10,000 more it must be <= 0.8x
   the baseline: gravity pulls the system back to the origin.  For context the same is run on a
   true square (``drift_square``), where Serf's typo (node 3 on node 2, only the 0-2 diagonal
   sqrt(2) long) is corrected: gravity then moves the center about 0.8x, right at the bar.
-* ``internet`` - 500 nodes on ``tests.sim.internet`` (eight regions at real cities, per-node
+* ``internet`` - 500 nodes on ``testbed.sim.internet`` (eight regions at real cities, per-node
   access links, per-pair routing detours that break the triangle inequality, measurement jitter
   and queueing spikes), Serf's loop (each cycle every node measures one random peer, a noisy
   sample), default ``VivaldiConfig`` (8-D).  Relative error of the estimates against the
@@ -57,8 +57,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 from bench.table import machine_info, print_table  # noqa: E402
-from tests.sim import internet  # noqa: E402
-from tests.sim.vivaldi import (  # noqa: E402
+from testbed.sim import internet  # noqa: E402
+from testbed.sim.vivaldi import (  # noqa: E402
     SERF_REFERENCE,
     Matrix,
     center_error,

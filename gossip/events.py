@@ -26,9 +26,9 @@ class EventKind(enum.Enum):
     CONFLICT = "conflict"
     """Another address claims a live member's name; the claim was ignored."""
     STATE = "state"
-    """A member published a new version of its node state."""
+    """A member published a new version of its node state (the event carries it)."""
     DELTA = "delta"
-    """A member published a delta past the node state we hold (``Swim.node_delta``)."""
+    """A member published a delta past the node state we hold (the event carries both)."""
     REAP = "reap"
     """A dead or left member was forgotten after ``reap_time``."""
 
@@ -39,3 +39,9 @@ class MemberEvent:
     member: Member
     at: float
     detail: str = ""
+    state: bytes | None = None
+    """STATE and DELTA: the member's node-state blob as gossip now holds it (for a DELTA,
+    the base the delta applies over; None while push-pull has not brought one)."""
+    delta: bytes | None = None
+    """STATE and DELTA: the newest delta past that blob (for a STATE, one that arrived
+    before the blob and still applies over it; else None)."""

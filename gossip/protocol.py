@@ -731,7 +731,8 @@ class Swim:
             self._broadcasts.queue("s:" + name, codec.state(name, version, blob))
         elif delta is None:
             self._broadcasts.drop("s:" + name)
-        self._emit(EventKind.STATE, self._members[name], now, f"version {version}")
+        self._emit(EventKind.STATE, self._members[name], now, f"version {version}", state=blob,
+                   delta=delta.blob if delta is not None else None)
 
     def _on_state_delta(self, name: str, version: int, delta: bytes, now: float) -> None:
         if name == self.name:
@@ -745,7 +746,8 @@ class Swim:
             return
         self._deltas[name] = _NodeState(version, delta)
         self._broadcasts.queue("s:" + name, codec.state_delta(name, version, delta))
-        self._emit(EventKind.DELTA, self._members[name], now, f"version {version}")
+        self._emit(EventKind.DELTA, self._members[name], now, f"version {version}",
+                   state=cur.blob if cur is not None else None, delta=delta)
 
     # --- push-pull -------------------------------------------------------------------------
 
@@ -887,5 +889,6 @@ class Swim:
             self._probe_index -= sum(1 for n in self._nodes[:self._probe_index] if n in gone_set)
             self._nodes = [n for n in self._nodes if n not in gone_set]
 
-    def _emit(self, kind: EventKind, member: Member, now: float, detail: str = "") -> None:
-        self._events.append(MemberEvent(kind, member, now, detail))
+    def _emit(self, kind: EventKind, member: Member, now: float, detail: str = "",
+              state: bytes | None = None, delta: bytes | None = None) -> None:
+        self._events.append(MemberEvent(kind, member, now, detail, state, delta))

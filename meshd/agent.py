@@ -1,8 +1,9 @@
-"""The meshd agent process: gossip membership, admin API, metrics and logs, with a graceful
-leave on SIGTERM/Ctrl-C.
+"""The meshd agent process: it builds every plane, wires them to gossip and to each other, serves
+their APIs, and leaves the mesh gracefully on SIGTERM/Ctrl-C.
 
-Later layers (topology, consensus, certs, adapters) plug in here; nothing below ``meshd/``
-knows about the others.
+The planes know nothing above themselves; what one needs of another is handed in here (the
+control plane's group stores, the scorer's view and policies, the training plane's GPUs and
+RTTs), and members' node state reaches them through :mod:`meshd.signals.readers`.
 """
 
 from __future__ import annotations
@@ -31,15 +32,16 @@ from gossip.keyring import Keyring
 from gossip.protocol import Swim
 from gossip.state import Addr, NodeMeta
 from gossip.transport import GossipTransport, family_of
-from meshd import admin, collector, nodestate, score_api, score_link, tracing
-from meshd.authz import Authorizer
-from meshd.control import RAFT_SECTION, ControlPlane
+from meshd import collector, tracing
+from meshd.admin import server as admin
+from meshd.admin.authz import Authorizer
+from meshd.admin.rbac import KeyLoadError, PolicyError
+from meshd.control.plane import RAFT_SECTION, ControlPlane, GroupStore
+from meshd.control.quarantine import AutoQuarantine
 from meshd.coordinates import CoordinatePlane
-from meshd.metrics import AgentMetrics
-from meshd.metrics_routing import RoutingCollector
-from meshd.metrics_train import CollectiveMetrics, TrainCollector
-from meshd.quarantine import AutoQuarantine
-from meshd.rbac import KeyLoadError, PolicyError
+from meshd.metrics.agent import AgentMetrics
+from meshd.metrics.routing import RoutingCollector
+from meshd.metrics.train import CollectiveMetrics, TrainCollector
 from meshd.router import server as router_server
 from meshd.router.auth import TokenFileError
 from meshd.router.counters import RouterCounters, WorkerCounters
@@ -47,12 +49,18 @@ from meshd.router.gateway import Gateway
 from meshd.router.pool import WorkerPool
 from meshd.router.scoring import LocalScoring
 from meshd.router.traces import request_tracer
+from meshd.score import link as score_link
+from meshd.score import service as score_api
 from meshd.score.scorer import Scorer
-from meshd.security import EnrollmentRefused, Security, SecurityError
+from meshd.security.plane import EnrollmentRefused, Security, SecurityError
 from meshd.settings import DEFAULT_RAFT_PORT, Settings, parse_hostport
-from meshd.signal_wire import SECTION as SIGNALS_SECTION
-from meshd.signals import SignalPlane
+from meshd.signals import nodestate
+from meshd.signals.plane import SignalPlane
+from meshd.signals.readers import NodeStateReaders, Reader
+from meshd.signals.wire import SECTION as SIGNALS_SECTION
+from meshd.train.board import STAMPED_OPS, PlacementStore
 from meshd.train.service import TrainService
+from policy.store import PolicyStore
 from topology.zones import Place
 
 log = logging.getLogger("meshd.agent")
@@ -167,7 +175,9 @@ class Agent:
             settings.node, Path(settings.data_path()), self.security,
             coordinator="coordinator" in settings.roles, expect=settings.bootstrap_expect,
             timing=WAN_TIMING if (settings.raft_timing or (
-                "wan" if settings.profile == "wan" else "lan")) == "wan" else Timing())
+                "wan" if settings.profile == "wan" else "lan")) == "wan" else Timing(),
+            stores={"policy": GroupStore(PolicyStore),
+                    "placements": GroupStore(PlacementStore, STAMPED_OPS)})
         self.health = AutoQuarantine(settings.node, self.control, lambda: self.signals.current,
                                      self._data.path)
         self.train = TrainService(settings.node, self.control, lambda: self.swim,
@@ -194,6 +204,16 @@ class Agent:
         self.link_counts: Counter[str] = Counter()
         """The score link's calls and malformed frames (``--router-workers``)."""
         self._workers_dir = ""
+        coords = self.coordinates
+        self.node_states = NodeStateReaders([
+            Reader(lambda n, sections: coords.learned(n, sections[nodestate.COORDINATE]),
+                   section=nodestate.COORDINATE, forget=coords.forget),
+            Reader(self.security.learn, forget=self.security.forget),
+            Reader(self.control.learn),
+            Reader(self.signals.learn, section=SIGNALS_SECTION, patch=self.signals.learn_patch,
+                   forget=self.signals.forget)],
+            malformed=lambda: coords.rejected.update(malformed=1))
+        """Members' node state, each section to the layer that reads it."""
 
     @property
     def _policy_store(self):  # type: ignore[no-untyped-def]
@@ -465,73 +485,9 @@ class Agent:
                                    EventKind.REFUTE)
             if ev.kind not in (EventKind.STATE, EventKind.DELTA):
                 self.control.member_event(ev.kind.value, m.name)
-            if ev.kind == EventKind.STATE:
-                self._learn_state(m.name)
-            elif ev.kind == EventKind.DELTA:
-                self._learn_delta(m.name)
-            elif ev.kind in (EventKind.LEFT, EventKind.REAP):
-                self.coordinates.forget(m.name)
-                self.security.forget(m.name)
-                self.signals.forget(m.name)
+            self.node_states.event(ev)
         if persist:
             self._save_state()
-
-    def _learn_state(self, name: str) -> None:
-        """A member published a new node state: take the sections we understand (and then
-        any delta it published since, which gossip holds until push-pull brings its blob)."""
-        sections = self._sections_of(name)
-        if sections is None:
-            return
-        self._learn_sections(name, sections)
-        if self.swim is not None and self.swim.node_delta(name) is not None:
-            self._learn_delta(name, sections)
-
-    def _learn_delta(self, name: str, sections: dict[str, bytes] | None = None) -> None:
-        """A member published a delta over the state we hold (``sections``, when the caller
-        has already decoded it): whole sections replace ours, patches go to the section's
-        owner."""
-        assert self.swim is not None
-        held = self.swim.node_delta(name)
-        if held is None:
-            return
-        try:
-            whole, patches = nodestate.decode_delta(held[1])
-        except nodestate.NodeStateError as exc:
-            log.debug("bad node state delta", extra={"event": "bad_node_state",
-                                                     "member": name, "detail": str(exc)})
-            self.coordinates.rejected["malformed"] += 1
-            return
-        if sections is None:
-            sections = self._sections_of(name) or {}
-        self._learn_sections(name, {**sections, **whole}, changed=set(whole))
-        patch = patches.get(SIGNALS_SECTION)
-        if patch is not None:
-            self.signals.learn_patch(name, patch)
-
-    def _sections_of(self, name: str) -> dict[str, bytes] | None:
-        assert self.swim is not None
-        published = self.swim.node_state(name)
-        if published is None:
-            return None
-        try:
-            return nodestate.decode(published[1])
-        except nodestate.NodeStateError as exc:
-            log.debug("bad node state", extra={"event": "bad_node_state", "member": name,
-                                               "detail": str(exc)})
-            self.coordinates.rejected["malformed"] += 1
-            return None
-
-    def _learn_sections(self, name: str, sections: dict[str, bytes],
-                        changed: set[str] | None = None) -> None:
-        """Hand each layer its sections; ``changed`` (a delta's) spares the layers that keep
-        versions of their own a re-read of an older copy."""
-        coord = sections.get(nodestate.COORDINATE)
-        if coord is not None and (changed is None or nodestate.COORDINATE in changed):
-            self.coordinates.learned(name, coord)
-        self.security.learn(name, sections)
-        self.control.learn(name, sections)
-        if changed is None or SIGNALS_SECTION in changed:
-            self.signals.learn(name, sections)
 
     def _gpus_of(self, name: str) -> list[GpuState]:
         entry = self.signals.fused.nodes.get(name)

@@ -27,7 +27,7 @@ NodeFlags (policy; name = node name) — operator flags on one node:
         monitor wrote (see HealthPolicy), which only it lifts by itself.
 
 HealthPolicy (policy; name = a node name, or ``default`` for every node without its own) —
-when a node quarantines itself (meshd/health.py) and when it lifts that quarantine:
+when a node quarantines itself (meshd/control/health.py) and when it lifts that quarantine:
     auto_quarantine (bool, default true): whether the node quarantines itself at all.
     ecc_uncorrected (int >= 1, default 1): uncorrected (volatile) ECC errors on one GPU that
         quarantine it; errors an operator has already seen (by lifting the quarantine) do

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -22,16 +21,11 @@ from gossip.config import Config
 from gossip.protocol import Swim
 from gossip.state import NodeMeta
 from meshd.coordinates import CoordinatePlane
+from meshd.dev.ports import free_port
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
-from tests.admin_server import admin_channel, dev_security, start_admin
+from testbed.admin import admin_channel, dev_security, start_admin
 
 ISSUER, AUDIENCE = "https://idp.test", "meshd"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +53,7 @@ def test_admin_refuses_bad_callers_and_audits(tmp_path: Path,
         sec = dev_security(tmp_path / "a", "a")
         assert sec.ca is not None
         ca = sec.ca
-        port = _free_port()
+        port = free_port()
         server = await start_admin(swim, lambda: 0.0, plane, sec, port, jwt_key=str(pub),
                                    jwt_issuer=ISSUER, jwt_audience=AUDIENCE)
 

@@ -68,8 +68,8 @@ from certs.revocation import MAX_BLOB, RevocationError, Revocations, issued_at, 
 from certs.spiffe import SpiffeError, SpiffeId
 from certs.tokens import TokenError, TokenLedger
 from certs.verify import REJECT_REASONS, Peer, PeerRejected, PeerVerifier
-from meshd import security as security_mod
-from meshd.security import Security, SecurityError
+from meshd.security import plane as security_mod
+from meshd.security.plane import Security, SecurityError
 from meshd.settings import Settings
 
 TD = "mesh.test"

@@ -4,7 +4,6 @@ decisions, the gossip ``raft`` section parser, the read copy, and journal durabi
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -22,23 +21,12 @@ from consensus.bootstrap import Coordinator, Start, Wait, plan_start, reconcile
 from consensus.group import ConsensusError, RaftGroup, Timing
 from consensus.transport import RaftTls, mesh_authorizer
 from consensus.view import GroupView
-from meshd.control import decode_section, encode_section
+from meshd.control.plane import decode_section, encode_section
+from meshd.dev.ports import free_ports
 from policy.store import PolicyStore
 
 TD = "mesh.test"
 POLICY_KINDS = ("NodeFlags", "TenantQuota", "SloClass", "ModelPin")
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def quota(name: str, rps: float) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Raft groups end to end: real meshd processes, real mTLS, real pysyncobj (tests/cluster.py).
+"""Raft groups end to end: real meshd processes, real mTLS, real pysyncobj (testbed/cluster.py).
 
 Coordinators run with ``--role coordinator --bootstrap-expect N --raft IP:PORT`` (the two groups
 listen on PORT and PORT+1); the other nodes forward writes and follow a coordinator's log.  Every
@@ -20,8 +20,7 @@ tight numbers):
 - a linearizability check (``tests/linearizability.py``) of concurrent clients while the
   leader is killed and restarted three times.
 
-Raft ports come from 32000-32766: above the range ``tests/cluster.py`` draws gossip/admin/metrics
-ports from (so they never collide) and below Linux's ephemeral range; each is checked free.
+Raft ports come from ``testbed/raft.py`` (32000-32766, each checked free).
 """
 
 from __future__ import annotations
@@ -45,24 +44,23 @@ from typing import Any
 import pytest
 
 from consensus.group import GROUPS
+from meshd.dev.processes import kill_at_exit, pdeathsig_prefix
 from proto.mesh.v1 import admin_pb2
-from tests.cluster import (
+from testbed.cluster import (
     ROOT,
     Cluster,
     Node,
     RpcFailed,
     _child_env,
     _LocalClient,
-    _pdeathsig_prefix,
-    _register_child,
     member_to_dict,
     netns_create,
     netns_delete,
     netns_exec,
     netns_unavailable,
     node_ip,
-    port_free,
 )
+from testbed.raft import coordinator_args, pick_raft_port
 from tests.linearizability import History, check, check_monotonic, lost_writes
 
 pytestmark = [
@@ -71,7 +69,6 @@ pytestmark = [
                        reason="needs Linux (one loopback address per node)"),
 ]
 
-RAFT_LOW, RAFT_HIGH = 32000, 32766
 START = 30.0  # start -> gossip converged and both groups formed
 CONVERGE = 30.0
 VISIBLE = 2.0  # an acknowledged write is in every node's PolicyList within this
@@ -81,21 +78,6 @@ CATCH_UP = 30.0  # a restarted/added coordinator converges within this
 
 
 # --- clusters ---------------------------------------------------------------------------------
-
-
-def pick_raft_port(ips: list[str], rng: random.Random | None = None) -> int:
-    """A port P with P and P+1 free on every one of ``ips`` (one pair, the same on each IP)."""
-    rng = rng or random.Random()
-    for _ in range(500):
-        port = rng.randrange(RAFT_LOW, RAFT_HIGH - 1)
-        if all(port_free(ip, port + k) for ip in ips for k in (0, 1)):
-            return port
-    raise RuntimeError(f"no free Raft port pair in {RAFT_LOW}..{RAFT_HIGH}")
-
-
-def coordinator_args(index: int, raft_port: int, expect: int) -> list[str]:
-    return ["--role", "coordinator", "--bootstrap-expect", str(expect),
-            "--raft", f"{node_ip(index)}:{raft_port}"]
 
 
 @dataclass
@@ -748,11 +730,11 @@ class NetnsAdmin:
         code = ("import sys; from tests.test_consensus_integration import rpc_serve; "
                 "sys.exit(rpc_serve(sys.argv[1]))")
         self.proc = subprocess.Popen(
-            [*_pdeathsig_prefix(), "ip", "netns", "exec", netns, sys.executable, "-c", code,
+            [*pdeathsig_prefix(), "ip", "netns", "exec", netns, sys.executable, "-c", code,
              str(creds)],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
             env=_child_env())
-        _register_child(self.proc)
+        kill_at_exit(self.proc)
         self._lock = threading.Lock()
 
     def _call(self, target: str, method: str, request: Any, timeout: float) -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import socket
 import struct
 from pathlib import Path
 
@@ -18,10 +17,12 @@ from hypothesis import strategies as st
 from gossip.config import Config
 from gossip.protocol import Swim
 from gossip.state import Member, NodeMeta, Status
-from meshd import ctl, nodestate
 from meshd.coordinates import CoordinatePlane, PublishPolicy
+from meshd.ctl import main as ctl
+from meshd.dev.ports import free_port
+from meshd.signals import nodestate
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
-from tests.admin_server import admin_channel, dev_security, start_admin
+from testbed.admin import admin_channel, dev_security, start_admin
 from topology import wire
 from topology.coordinate import Coordinate
 from topology.zones import Place, Relation
@@ -133,11 +134,6 @@ def test_publication_is_rate_limited_and_waits_for_real_movement() -> None:
 
 # --- admin API, in process -------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def test_admin_rtt_statuses_and_members_coordinates(tmp_path: Path) -> None:
     async def scenario() -> None:
@@ -148,7 +144,7 @@ def test_admin_rtt_statuses_and_members_coordinates(tmp_path: Path) -> None:
                                   meta=NodeMeta.build([], "z1", "r1", {}, {}))})
         plane = CoordinatePlane("a", place_of=lambda n: (
             Place(m.meta.zone, m.meta.region) if (m := swim.member(n)) else None))
-        port = _free_port()
+        port = free_port()
         sec = dev_security(tmp_path, "a")
         server = await start_admin(swim, lambda: now, plane, sec, port)
         try:

@@ -1,4 +1,4 @@
-"""meshd/exposition.py: the fast text renderer writes exactly what prometheus_client's
+"""meshd/metrics/exposition.py: the fast text renderer writes exactly what prometheus_client's
 generate_latest writes, for every family in the metric table and for live counters and
 histograms (with their _created samples), escaping included; the server serves it, gzipped
 when asked."""
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshd import metric_schema
-from meshd.exposition import MetricsServer, render
-from meshd.metric_schema import METRICS
+from meshd.metrics import schema as metric_schema
+from meshd.metrics.exposition import MetricsServer, render
+from meshd.metrics.schema import METRICS
 
 
 def table_registry(value: str = "v") -> CollectorRegistry:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from adapters.model import GpuState, ReplicaState
-from meshd.health import (
+from meshd.control.health import (
     MAX_HOLD,
     HealthMonitor,
     HealthRules,
@@ -16,7 +16,7 @@ from meshd.health import (
     Quarantine,
     reason_text,
 )
-from meshd.signal_wire import NodeSignals
+from meshd.signals.wire import NodeSignals
 from policy.model import validate
 
 AUTO: dict[str, Any] = {"reason": "auto: x", "auto": True}

@@ -15,7 +15,7 @@ from typing import Any
 
 from certs import tls
 from proto.mesh.v1 import admin_pb2, state_pb2, state_pb2_grpc
-from tests.cluster import Cluster, Node, parse_metrics
+from testbed.cluster import Cluster, Node, parse_metrics
 from tests.test_consensus_integration import Mesh, apply, call, get, pytestmark
 
 __all__ = ["pytestmark"]

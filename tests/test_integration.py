@@ -1,4 +1,4 @@
-"""Multi-process integration: real meshd processes on loopback (see ``tests/cluster.py``).
+"""Multi-process integration: real meshd processes on loopback (see ``testbed/cluster.py``).
 
 Every cluster uses the LAN profile.  Bounds are generous for a loaded 2-core CI machine, except
 that failure detection is asserted within the brief's 20 s.  Convergence after a start allows
@@ -39,10 +39,11 @@ from certs.identity import Identity
 from certs.spiffe import SpiffeId
 from gossip import codec
 from gossip.keyring import Keyring, encode_key, generate_key
+from meshd.dev.ports import port_free
 from meshd.settings import SettingsError, load
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
-from tests.cluster import ROOT, Cluster, metric_sum, port_free
-from tests.sim.network import STARVE_PHASES
+from testbed.cluster import ROOT, Cluster, metric_sum
+from testbed.sim.network import STARVE_PHASES
 
 pytestmark = [
     pytest.mark.slow,
@@ -447,7 +448,7 @@ def _devmesh(tmp_path: Path, *args: str, **kw: Any) -> subprocess.Popen[str]:
     """``meshd-devmesh ARGS`` in its own session, with its work dir under ``tmp_path``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHD_")}
     env["TMPDIR"] = str(tmp_path)
-    return subprocess.Popen([sys.executable, "-m", "meshd.devmesh", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "meshd.dev.mesh", *args], cwd=ROOT, env=env,
                             text=True, start_new_session=True, **kw)
 
 
@@ -474,7 +475,7 @@ def test_devmesh_attaches_triton_replicas(tmp_path: Path) -> None:
     """``--tritons 1``: a real Triton attached to node2, whose add_sub and delay replicas node1
     (the admin address devmesh's hints use) shows as ready; node2 routes the mesh's traffic
     rounds to it (every request answered); Ctrl-C stops everything."""
-    from meshd import devtriton
+    from meshd.dev import triton as devtriton
     from proto.mesh.v1 import state_pb2, state_pb2_grpc
 
     reason = devtriton.unavailable_reason()

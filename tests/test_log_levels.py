@@ -54,9 +54,9 @@ def test_bad_layers_and_levels_are_named(restore_levels: None, layer: str, level
                     reason="needs Linux (one loopback address per node)")
 def test_meshctl_sets_a_layers_level_on_a_live_node(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from meshd import ctl
+    from meshd.ctl import main as ctl
     from proto.mesh.v1 import admin_pb2
-    from tests.cluster import Cluster, RpcFailed
+    from testbed.cluster import Cluster, RpcFailed
 
     c = Cluster(2, tmp_path / "mesh")
     try:

@@ -1,4 +1,4 @@
-"""The metric table (meshd/metric_schema.py): names, units and labels follow the schema, and the
+"""The metric table (meshd/metrics/schema.py): names, units and labels follow the schema, and the
 reference page is what the table generates.  Live agents are checked against the table in
 tests/test_prometheus.py (every series a scraped mesh exports)."""
 
@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshd import metric_schema
-from meshd.metric_schema import LABELS, LAYERS, METRICS, SHARED_LABELS, UNITS, Spec
+from meshd.metrics import schema as metric_schema
+from meshd.metrics.schema import LABELS, LAYERS, METRICS, SHARED_LABELS, UNITS, Spec
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = re.compile(r"^meshd_([a-z]+)_[a-z0-9_]+[a-z0-9]$")
@@ -52,7 +52,7 @@ def test_the_shared_label_schema_is_documented_and_request_ids_are_not_labels() 
 def test_the_reference_page_is_generated_from_the_table() -> None:
     page = (ROOT / "docs" / "metrics.md").read_text()
     assert page == metric_schema.reference(), \
-        "docs/metrics.md is stale: python -m meshd.metric_schema > docs/metrics.md"
+        "docs/metrics.md is stale: python -m meshd.metrics.schema > docs/metrics.md"
     for spec in METRICS.values():
         shown = spec.name + ("_total" if spec.kind == "counter" else "")
         assert f"`{shown}`" in page

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import Cluster, netns_create, netns_delete, netns_exec, netns_unavailable
+from testbed.cluster import Cluster, netns_create, netns_delete, netns_exec, netns_unavailable
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 

@@ -18,10 +18,11 @@ from certs.identity import Identity
 from gossip.config import Config
 from gossip.protocol import Swim
 from gossip.state import NodeMeta
-from meshd.control import ControlPlane
+from meshd.control.plane import ControlPlane
 from meshd.coordinates import CoordinatePlane
+from meshd.dev.ports import free_port
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
-from tests.admin_server import admin_channel, dev_security, free_port, mint, start_admin
+from testbed.admin import admin_channel, dev_security, mint, start_admin
 
 
 class Server:
@@ -209,11 +210,11 @@ def test_follower_drops_a_silent_coordinator(tmp_path: Path, heartbeats: bool,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A partitioned coordinator never closes its Follow stream; its heartbeats stopping is
     how a follower notices.  With heartbeats the stream is kept; without, it is dropped."""
-    import meshd.control
-    import meshd.policy_api
-    monkeypatch.setattr(meshd.control, "FOLLOW_HEARTBEAT", 0.2)
-    monkeypatch.setattr(meshd.control, "FOLLOW_SILENCE", 0.8)
-    monkeypatch.setattr(meshd.policy_api, "FOLLOW_HEARTBEAT", 0.2 if heartbeats else 60.0)
+    import meshd.admin.policy
+    import meshd.control.plane
+    monkeypatch.setattr(meshd.control.plane, "FOLLOW_HEARTBEAT", 0.2)
+    monkeypatch.setattr(meshd.control.plane, "FOLLOW_SILENCE", 0.8)
+    monkeypatch.setattr(meshd.admin.policy, "FOLLOW_HEARTBEAT", 0.2 if heartbeats else 60.0)
 
     async def body(srv: Server) -> None:
         follower = ControlPlane("b", tmp_path / "b", srv.sec, coordinator=False)
@@ -244,12 +245,12 @@ def test_a_coordinator_sitting_on_a_forwarded_write_is_picked_last(
     whoever leads after the election."""
     from types import SimpleNamespace
 
-    import meshd.control
+    import meshd.control.plane
     from gossip.state import Status
-    from meshd.control import SLOW_AFTER
+    from meshd.control.plane import SLOW_AFTER
 
     clock = [100.0]
-    monkeypatch.setattr(meshd.control, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(meshd.control.plane, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     sec = dev_security(tmp_path / "t", "t")
     cp = ControlPlane("t", sec.dir, sec, coordinator=False)
     members = [SimpleNamespace(name=n, live=True, status=Status.ALIVE, addr=(ip, 7946),

@@ -5,7 +5,7 @@ tritonclient traffic through the router.
 
 Then every dashboard panel query in deploy/grafana must parse and its panel return data, every
 rule in deploy/prometheus must evaluate without error (Prometheus's own rule health), and every
-``meshd_*`` series Prometheus holds must be in the metric table (meshd/metric_schema.py) with
+``meshd_*`` series Prometheus holds must be in the metric table (meshd/metrics/schema.py) with
 exactly its labels."""
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from meshd import devprometheus
-from meshd.devprometheus import PrometheusServer
-from meshd.metric_schema import METRICS
-from tests.cluster import TRUST_DOMAIN
+from meshd.dev import prometheus as devprometheus
+from meshd.dev.prometheus import PrometheusServer
+from meshd.metrics.schema import METRICS
+from testbed.cluster import TRUST_DOMAIN
 from tests.test_consensus_integration import CONVERGE, Mesh, meshes, wait_ready  # noqa: F401
 from tests.test_train_integration import submit, wait_job
 from tests.triton import add_sub_inputs
@@ -196,7 +196,7 @@ def test_every_panel_and_rule_works_against_a_live_mesh(
     for series in prom.api("series", **{"match[]": '{__name__=~"meshd_.+"}'}):
         name = table_name(series["__name__"])
         if name is None:
-            failures.append(f"{series['__name__']} is not in meshd/metric_schema.py")
+            failures.append(f"{series['__name__']} is not in meshd/metrics/schema.py")
             continue
         labels = set(series) - {"__name__", "job", "instance", "le"}
         if labels != set(METRICS[name].labels):

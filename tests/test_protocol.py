@@ -825,6 +825,21 @@ def test_delta_is_held_over_the_state_until_a_newer_state_arrives() -> None:
     assert feed(a, codec.state_delta("zz", 9, b"x")) == [] and a.node_delta("zz") is None
 
 
+def test_state_and_delta_events_carry_what_gossip_holds() -> None:
+    """The owner reads node state from the events alone: a STATE brings its blob and any
+    delta still past it; a DELTA brings itself and the blob it applies over."""
+    a = make("a")
+    learn(a, "b")
+    (ev,) = feed(a, codec.state_delta("b", 5, b"d5"))
+    assert ev.kind == EventKind.DELTA and (ev.state, ev.delta) == (None, b"d5")
+    (ev,) = feed(a, codec.state("b", 3, b"v3"), now=1.0)
+    assert ev.kind == EventKind.STATE and (ev.state, ev.delta) == (b"v3", b"d5")
+    (ev,) = feed(a, codec.state_delta("b", 6, b"d6"), now=2.0)
+    assert (ev.state, ev.delta) == (b"v3", b"d6")
+    (ev,) = feed(a, codec.state("b", 6, b"v6"), now=3.0)
+    assert (ev.state, ev.delta) == (b"v6", None)
+
+
 def test_delta_is_relayed_and_forgotten_with_its_member() -> None:
     a = make("a", cfg=CFG.replace(reap_time=1.0))
     learn(a, "b", "c")

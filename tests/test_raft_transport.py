@@ -43,6 +43,7 @@ from consensus.transport import (
     mesh_authorizer,
     tls_transport,
 )
+from meshd.dev.ports import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 TD = "mesh.test"
@@ -94,17 +95,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         ident.save(base / name)
         dirs[name] = base / name
     return Pki(mesh, other, dirs)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd.rbac import (
+from meshd.admin.rbac import (
     ACCESS_ROLES,
     AUTH_REASONS,
     MAX_TOKEN_LENGTH,

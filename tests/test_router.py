@@ -25,14 +25,15 @@ from adapters.model import ReplicaState
 from certs import tls
 from certs.ca import CertificateAuthority
 from certs.spiffe import SpiffeId, any_node_dns
-from meshd.devtriton import TritonServer
-from meshd.fused import FusedState
+from meshd.dev.ports import free_port
+from meshd.dev.triton import TritonServer
 from meshd.router import server as router_server
 from meshd.router.auth import token_hash
 from meshd.router.scoring import LocalScoring
 from meshd.score.limiter import LimiterConfig
 from meshd.score.scorer import Scorer
-from meshd.signal_wire import NodeSignals
+from meshd.signals.fused import FusedState
+from meshd.signals.wire import NodeSignals
 from policy.model import validate as validate_policy
 from tests.triton import add_sub_inputs
 
@@ -424,10 +425,10 @@ def test_outside_dev_clients_need_a_certificate_or_a_token(tmp_path: Any) -> Non
 
 def test_the_client_library_calls_the_chosen_triton_directly(
         two: tuple[RouterHarness, list[TritonServer]]) -> None:
-    """meshd.client asks the agent's score API and calls Triton itself: same outputs as
+    """meshd.score.client asks the agent's score API and calls Triton itself: same outputs as
     direct, traffic away from a slow replica, failover when one dies - in both modes."""
-    from meshd import score_api
-    from meshd.client import MeshClient
+    from meshd.score import service as score_api
+    from meshd.score.client import MeshClient
     h, servers = two
     server, where = h.call(score_api.serve(h.scorer, h.loop.time, ("127.0.0.1", 0),
                                            lambda: None))
@@ -469,8 +470,8 @@ def test_the_client_library_reports_every_outcome(
     """The library's outcomes reach the agent over its batched report stream, every one, the
     last batch at close: each decision the agent made is closed (score mode), and the
     agent counts as many outcomes as requests were made (watch mode too)."""
-    from meshd import score_api
-    from meshd.client import MeshClient
+    from meshd.score import service as score_api
+    from meshd.score.client import MeshClient
     h, _ = two
     server, where = h.call(score_api.serve(h.scorer, h.loop.time, ("127.0.0.1", 0),
                                            lambda: None))
@@ -490,13 +491,6 @@ def test_the_client_library_reports_every_outcome(
         h.call(server.stop(0))
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
         two: tuple[RouterHarness, list[TritonServer]]) -> None:
     """``--router-workers``: worker processes bind one port (SO_REUSEPORT), score through the
@@ -507,9 +501,10 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
     import signal
     import tempfile
 
-    from meshd import score_api, score_link
     from meshd.router.counters import WorkerCounters
     from meshd.router.pool import WorkerPool
+    from meshd.score import link as score_link
+    from meshd.score import service as score_api
 
     h, servers = two
     d = tempfile.mkdtemp(prefix="meshd-w-")
@@ -517,7 +512,7 @@ def test_worker_processes_share_the_port_and_route_on_the_agents_scorer(
     score, where = h.call(score_api.serve(h.scorer, h.loop.time, f"{d}/score.sock",
                                           lambda: None, counters))
     link, link_counts = h.call(score_link.serve(h.scorer, h.loop.time, f"{d}/link.sock"))
-    addr = f"127.0.0.1:{_free_port()}"
+    addr = f"127.0.0.1:{free_port()}"
     from meshd.router.auth import token_hash
     with open(f"{d}/tokens", "w") as f:
         f.write(f"# tenant sha256(token)\nteam-a {token_hash('tok-a')}\n")

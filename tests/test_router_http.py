@@ -47,8 +47,8 @@ from tritonclient.utils import InferenceServerException
 from certs import tls
 from certs.ca import CertificateAuthority
 from certs.spiffe import SpiffeId
-from meshd.devtriton import TritonServer
-from meshd.fused import FusedState
+from meshd.dev.ports import free_port
+from meshd.dev.triton import TritonServer
 from meshd.router import http_tensors
 from meshd.router import server as router_server
 from meshd.router.auth import ClientAuth, load_tokens, token_hash
@@ -56,6 +56,7 @@ from meshd.router.gateway import Gateway
 from meshd.router.scoring import LocalScoring
 from meshd.score.limiter import LimiterConfig
 from meshd.score.scorer import Scorer
+from meshd.signals.fused import FusedState
 from tests.test_router import RouterHarness, until
 from tests.triton import MODEL_REPO, TritonFactory, require_triton
 
@@ -1046,10 +1047,7 @@ def test_forwarded_requests_get_tritons_own_answer(tritons: list[TritonServer]) 
 def test_a_replica_whose_http_port_is_gone_fails_over(tritons: list[TritonServer]) -> None:
     """One replica advertises an HTTP port nothing listens on: every request is answered by
     the other, the failovers counted, the dead one's outcome reported (its limit backs off)."""
-    dead = socket.socket()
-    dead.bind(("127.0.0.1", 0))
-    port = dead.getsockname()[1]
-    dead.close()  # a port nothing listens on
+    port = free_port()  # a port nothing listens on
     h = RouterHarness(tritons, models=_models(tritons), http=True)
     h.http_addrs[0] = f"127.0.0.1:{port}"
     h.put("RoutingPolicy", "add_sub", {"strategy": "baseline_rr"})  # the dead one is tried

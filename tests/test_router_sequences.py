@@ -26,12 +26,14 @@ import pytest
 import tritonclient.grpc as tc
 from tritonclient.utils import InferenceServerException
 
-from meshd import score_api, score_link
-from meshd.devtriton import TritonServer
+from meshd.dev.ports import free_port
+from meshd.dev.triton import TritonServer
 from meshd.router.counters import WorkerCounters
 from meshd.router.pool import WorkerPool
+from meshd.score import link as score_link
+from meshd.score import service as score_api
 from meshd.score.sequences import sequence_key
-from tests.test_router import RouterHarness, _free_port, until
+from tests.test_router import RouterHarness, until
 
 SEQ_REPO = Path(__file__).parent / "triton_sequences"
 MODELS = ("accumulate", "accumulate_str")
@@ -64,7 +66,7 @@ def mesh(triton_factory: Any) -> Iterator[Mesh]:
     score, where = a.call(score_api.serve(a.scorer, a.loop.time, f"{d}/score.sock",
                                           lambda: None, WorkerCounters()))
     link, _ = a.call(score_link.serve(a.scorer, a.loop.time, f"{d}/link.sock"))
-    addr = f"127.0.0.1:{_free_port()}"
+    addr = f"127.0.0.1:{free_port()}"
     pool = WorkerPool(2, ["--score", where, "--link", f"{d}/link.sock", "--router", addr,
                           "--data", d, "--node", "w", "--dev", "--log-level", "warning"])
     a.call(pool.start())

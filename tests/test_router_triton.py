@@ -21,7 +21,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from meshd.devtriton import TritonServer
+from meshd.dev.triton import TritonServer
 from tests.test_router import RouterHarness, add_sub
 
 

@@ -32,7 +32,7 @@ from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.grpc.service_pb2 import ModelInferRequest as Request
 from tritonclient.utils import triton_to_np_dtype
 
-from meshd.devtriton import TritonServer
+from meshd.dev.triton import TritonServer
 from meshd.router.validate import (
     CONTENTS_FIELDS,
     DATATYPES,

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.model import GpuState, ReplicaState
-from meshd.fused import FusedState
 from meshd.score.config import ScoreConfig
 from meshd.score.scorer import ScoreError, Scorer, ScoreRequest, Status
 from meshd.score.strategies import default_registry
 from meshd.score.strategy import Context, Registry
 from meshd.score.target import Target
-from meshd.signal_wire import NodeSignals
+from meshd.signals.fused import FusedState
+from meshd.signals.wire import NodeSignals
 from policy.model import validate
 
 NOW = 1000.0
@@ -678,7 +678,7 @@ def test_one_nodes_telemetry_rebuilds_only_its_targets() -> None:
 
 
 def test_a_change_log_too_short_falls_back_to_a_whole_build() -> None:
-    from meshd.fused import CHANGE_LOG
+    from meshd.signals.fused import CHANGE_LOG
 
     mesh = Mesh()
     mesh.node("a", rep("a:1"))
@@ -786,7 +786,7 @@ def test_metrics_expose_decisions_sheds_fallbacks_and_shadow() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from meshd.metrics_routing import RoutingCollector
+    from meshd.metrics.routing import RoutingCollector
     mesh = Mesh()
     mesh.node("a", rep("a:1", spu=0.001))
     mesh.node("b", rep("b:1", spu=0.004))

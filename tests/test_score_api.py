@@ -14,7 +14,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshd import score_api, score_link
+from meshd.score import link as score_link
+from meshd.score import service as score_api
 from meshd.score.scorer import Choice, ScoreError, Status
 from proto.mesh.v1 import score_pb2, score_pb2_grpc
 from tests.test_score import NOW, Mesh, rep

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd import score_link
-from meshd.score_link import ERROR, HEDGE, HEDGED, REPORT, SCORE, SCORED, FrameError, Frames
+from meshd.score import link as score_link
+from meshd.score.link import ERROR, HEDGE, HEDGED, REPORT, SCORE, SCORED, FrameError, Frames
 from proto.mesh.v1 import score_pb2
 from tests.test_score import NOW, Mesh, rep
 

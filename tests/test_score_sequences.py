@@ -7,10 +7,10 @@ import random
 from typing import Any
 
 from adapters.model import ReplicaState
-from meshd.fused import FusedState
 from meshd.score.scorer import Scorer, ScoreRequest, Status
 from meshd.score.sequences import SequenceTable, rendezvous, sequence_key
-from meshd.signal_wire import NodeSignals
+from meshd.signals.fused import FusedState
+from meshd.signals.wire import NodeSignals
 
 
 def test_rendezvous_is_the_same_whatever_the_order_routers_see_replicas_in() -> None:

@@ -17,7 +17,7 @@ import pytest
 from certs import tls, tokens
 from certs.identity import Identity
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
-from tests.cluster import ROOT, Cluster, metric_sum
+from testbed.cluster import ROOT, Cluster, metric_sum
 
 pytestmark = pytest.mark.slow
 CONVERGE = 20.0

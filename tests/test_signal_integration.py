@@ -35,9 +35,9 @@ import pytest
 
 from certs import tls
 from certs.identity import Identity
-from meshd.devtriton import TritonServer
+from meshd.dev.triton import TritonServer
 from proto.mesh.v1 import state_pb2, state_pb2_grpc
-from tests.cluster import ROOT, Cluster, metric_sum
+from testbed.cluster import ROOT, Cluster, metric_sum
 from tests.triton import TritonFactory, delay_inputs, require_triton
 
 pytestmark = [
@@ -413,7 +413,7 @@ def test_n1_scores_and_routes_to_the_real_replicas(mesh: Mesh, triton_a: TritonS
 
     from certs.spiffe import any_node_dns
     from proto.mesh.v1 import score_pb2, score_pb2_grpc
-    from tests.cluster import TRUST_DOMAIN
+    from testbed.cluster import TRUST_DOMAIN
     from tests.triton import add_sub_inputs
 
     n1 = mesh.cluster.node("n1")

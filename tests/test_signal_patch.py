@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.model import GpuState, ReplicaState
-from meshd import nodestate
-from meshd.nodestate import NodeStateError, Publisher, decode_delta
-from meshd.signal_patch import MAX_WAIT, PatchTracker
-from meshd.signal_publish import PublishConfig, gpu_reason, replica_reason
-from meshd.signal_wire import (
+from meshd.signals import nodestate
+from meshd.signals.nodestate import NodeStateError, Publisher, decode_delta
+from meshd.signals.patch import MAX_WAIT, PatchTracker
+from meshd.signals.publish import PublishConfig, gpu_reason, replica_reason
+from meshd.signals.wire import (
     NodeSignals,
     Patch,
     SignalWireError,

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.model import CommStats, GpuState, MigProfile, ReplicaState
-from meshd.fused import FusedState
-from meshd.signal_publish import PublishConfig, PublishGate, material
-from meshd.signal_wire import (
+from meshd.signals.fused import FusedState
+from meshd.signals.publish import PublishConfig, PublishGate, material
+from meshd.signals.wire import (
     MAX_TRANSIT,
     NodeSignals,
     SignalWireError,

@@ -17,7 +17,7 @@ from gossip.config import Config
 from gossip.events import EventKind, MemberEvent
 from gossip.state import Status
 from gossip.suspicion import suspicion_timeout
-from tests.sim.network import STARVE_PHASES, SimNetwork
+from testbed.sim.network import STARVE_PHASES, SimNetwork
 
 LAN = Config.lan()
 

@@ -19,11 +19,12 @@ from gossip.config import Config
 from gossip.protocol import Swim
 from gossip.state import NodeMeta
 from meshd.coordinates import CoordinatePlane
-from meshd.signal_wire import decode
-from meshd.signals import HEARTBEAT, SignalPlane
-from meshd.state_api import DeltaError, replica_from
+from meshd.dev.ports import free_port
+from meshd.signals.deltas import DeltaError, replica_from
+from meshd.signals.plane import HEARTBEAT, SignalPlane
+from meshd.signals.wire import decode
 from proto.mesh.v1 import state_pb2, state_pb2_grpc
-from tests.admin_server import admin_channel, dev_security, free_port, mint, start_admin
+from testbed.admin import admin_channel, dev_security, mint, start_admin
 
 
 class Node:

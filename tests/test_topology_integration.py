@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import ROOT, Cluster, metric_sum
+from testbed.cluster import ROOT, Cluster, metric_sum
 
 pytestmark = [
     pytest.mark.slow,

@@ -1,7 +1,7 @@
 """OTLP traces (meshd/tracing.py): switched on by the OTEL_* variables, a request's trace from
 the client through the router and its score decision to the Triton call (W3C traceparent over
 gRPC metadata), training attempts and their steps, trace ids in the JSON logs; received by a
-real OTLP/gRPC receiver in the test (tests/otlp_receiver.py)."""
+real OTLP/gRPC receiver in the test (testbed/otlp.py)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from meshd import logs, tracing
-from tests.cluster import TRUST_DOMAIN
-from tests.otlp_receiver import ReceivedSpan, Receiver
+from testbed.cluster import TRUST_DOMAIN
+from testbed.otlp import ReceivedSpan, Receiver
 from tests.test_consensus_integration import Mesh, meshes  # noqa: F401 - fixture
 from tests.test_train_integration import submit, wait_job
 from tests.triton import add_sub_inputs

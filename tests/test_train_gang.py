@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.model import CommStats
+from meshd.dev.ports import pick_consecutive_ports
 from meshd.train.board import PlacementStore
 from meshd.train.leases import LeaseTable
 from meshd.train.links import UNKNOWN_RTT, link_rtt, observed_hops
@@ -249,16 +250,10 @@ def test_the_next_plan_routes_around_a_link_the_collectives_found_slow() -> None
 
 # --- the sample job's ring ------------------------------------------------------------------
 
-def _free_port_base() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1]) % 20_000 + 30_000
-
-
 def start_ranks(tmp: Path, n: int, **hp: object) -> list[subprocess.Popen[str]]:
-    port = _free_port_base()
+    # Rank r listens on port + r on every address: n consecutive ports, each checked free there,
+    # below the ephemeral range (an ephemeral base hung a rank on another process's socket).
+    port = pick_consecutive_ports("0.0.0.0", n)[0]
     procs = []
     for r in range(n):
         env = {**os.environ, "MESHD_RANK": str(r), "MESHD_NNODES": str(n),

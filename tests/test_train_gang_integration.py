@@ -80,7 +80,7 @@ def test_a_gang_runs_its_ranks_in_ring_order_and_moves_as_one(
     first = json.loads(rank0.read_text().splitlines()[0])
     assert first["message"].startswith("resumed from step") and first["step"] >= 30, first
     # meshctl shows every node of the gang, and reads another rank's log from its node.
-    from meshd import ctl
+    from meshd.ctl import main as ctl
 
     base = ["--admin", seed.admin, "--creds", str(mesh.c.admin_creds), "jobs"]
     capsys.readouterr()

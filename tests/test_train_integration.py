@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from proto.mesh.v1 import admin_pb2
-from tests.cluster import Node, RpcFailed
+from testbed.cluster import Node, RpcFailed
 from tests.test_consensus_integration import Mesh, call, meshes  # noqa: F401 - fixture
 
 pytestmark = [
@@ -135,7 +135,7 @@ def test_jobs_run_resume_after_a_trainer_dies_and_cancel(meshes: Callable[..., M
     print(f"\nsubmit -> running: {to_running:.2f}s on {running.node}")
 
     # Its log, fetched by meshctl from the trainer that ran it; other nodes say where it is.
-    from meshd import ctl
+    from meshd.ctl import main as ctl
 
     capsys.readouterr()
     assert ctl.main(["--admin", mesh.c.seed.admin, "--creds", str(mesh.c.admin_creds),

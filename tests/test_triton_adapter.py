@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import http.server
 import logging
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -17,7 +16,8 @@ import pytest
 
 from adapters.model import ReplicaState
 from adapters.triton import EndpointError, TritonAdapter, TritonEndpoint
-from meshd.devtriton import TritonServer
+from meshd.dev.ports import free_port
+from meshd.dev.triton import TritonServer
 from tests.triton import TritonFactory, delay_inputs
 
 
@@ -183,9 +183,7 @@ def test_model_load_and_unload_are_seen(triton_factory: TritonFactory) -> None:
 def test_a_closed_http_port_is_not_advertised(triton_server: TritonServer) -> None:
     """``http=`` naming a port Triton does not serve: the replicas carry no HTTP address (so
     routers convert HTTP requests to gRPC), and the failure is logged once, not per poll."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed = sock.getsockname()[1]  # nothing listens once the socket is closed
+    closed = free_port()  # nothing listens once the socket is closed
 
     async def body() -> None:
         ep = TritonEndpoint.parse(f"{triton_server.grpc_url},metrics={triton_server.metrics_url}"

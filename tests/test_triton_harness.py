@@ -1,4 +1,4 @@
-"""The real-Triton harness: meshd/devtriton.py, the models in tests/triton_models, tests/triton.py.
+"""The real-Triton harness: meshd/dev/triton.py, the models in tests/triton_models, tests/triton.py.
 
 Everything here runs real ``tritonserver`` processes (CPU, from the nvidia-pytriton wheel) on
 127.0.0.1 and skips with the reason where that is impossible. Timing assertions only have
@@ -28,7 +28,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from meshd.devtriton import (
+from meshd.dev.triton import (
     CONTROL_ENV,
     TritonServer,
     _check_install,
@@ -286,7 +286,7 @@ def test_behaviour_is_per_server_and_per_model(triton_factory: TritonFactory,
 def test_models_subset_and_explicit_load_unload(triton_factory: TritonFactory) -> None:
     (only,) = triton_factory(1, models=["delay"], start=False)
     (s,) = triton_factory(1, explicit=True, models=["add_sub"], start=False)
-    from meshd.devtriton import start_all
+    from meshd.dev.triton import start_all
 
     start_all([only, s])
     client = grpcclient.InferenceServerClient(only.grpc_url)
@@ -392,7 +392,7 @@ def test_cli_starts_servers_changes_behaviour_and_stops_on_sigterm(tmp_path: Pat
     require_triton()
     base = _free_base(6)
     work = tmp_path / "work"
-    cmd = [sys.executable, "-m", "meshd.devtriton", "--count", "2", "--base-port", str(base),
+    cmd = [sys.executable, "-m", "meshd.dev.triton", "--count", "2", "--base-port", str(base),
            "--work-dir", str(work)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -411,7 +411,7 @@ def test_cli_starts_servers_changes_behaviour_and_stops_on_sigterm(tmp_path: Pat
         infos = json.loads((work / "servers.json").read_text())
         assert [i["grpc_url"] for i in infos] == [f"127.0.0.1:{base}", f"127.0.0.1:{base + 3}"]
 
-        behave = [sys.executable, "-m", "meshd.devtriton", "behave", "--work-dir", str(work),
+        behave = [sys.executable, "-m", "meshd.dev.triton", "behave", "--work-dir", str(work),
                   "--server", "triton1", "--model", "delay"]
         subprocess.run([*behave, "--fail"], cwd=ROOT, check=True, capture_output=True)
         time.sleep(0.1)

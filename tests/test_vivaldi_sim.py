@@ -1,7 +1,7 @@
 """Vivaldi accuracy on Serf's simulated topologies (``coordinate/performance_test.go``).
 
 One run of a 25-node topology is noisy, so every number here is the MEDIAN OVER SEEDS 0..19 of
-a per-run statistic (1000 cycles per run, via ``tests.sim.vivaldi.run_topology``), compared with
+a per-run statistic (1000 cycles per run, via ``testbed.sim.vivaldi.run_topology``), compared with
 a reference median and a bar of 1.1x.  All runs happen once, in a module-scoped fixture, on a
 2-worker process pool (about 35 s of wall time on 2 idle cores).
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.sim.vivaldi import (
+from testbed.sim.vivaldi import (
     SERF_REFERENCE,
     Run,
     center_error,
@@ -134,7 +134,7 @@ def _assert_drift(runs: list[tuple[float, float]], ratio: float, what: str) -> N
 
 
 def test_drift_gravity_pulls_the_center_in(results: Results) -> None:
-    # Serf TestPerformance_Drift, on its literal setup (see tests.sim.vivaldi.drift_serf).
+    # Serf TestPerformance_Drift, on its literal setup (see testbed.sim.vivaldi.drift_serf).
     _assert_drift(results.drift, DRIFT_RATIO, "Serf's setup")
 
 

@@ -1,4 +1,4 @@
-"""Real Triton servers for tests: fixtures and small helpers around :mod:`meshd.devtriton`.
+"""Real Triton servers for tests: fixtures and small helpers around :mod:`meshd.dev.triton`.
 
 Not a test module. The fixtures are re-exported by ``tests/conftest.py``, so any test can ask
 for them by name:
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from meshd.devtriton import (
+from meshd.dev.triton import (
     DEFAULT_REPO,
     TritonServer,
     start_all,

@@ -85,6 +85,10 @@ class WorkerCounters:
             self.retired.add(self.lives.pop(oldest))
             del self.reports[oldest]
 
+    def report(self, worker: str, msg: score_pb2.RouterCounters) -> None:
+        """A worker's report through the score API (checked there)."""
+        self.update(worker, RouterCounters.from_pb(msg))
+
     def processes(self, local: RouterCounters | None = None) -> dict[str, RouterCounters]:
         """Counters by process: ``agent`` (``local``), each worker life, and ``retired``
         (lives past the bound) once there are any."""

@@ -3,9 +3,10 @@ curl and any KServe v2 HTTP client work unchanged when pointed at the router.
 
 Like :mod:`meshd.router.kserve` (the gRPC ingress) this is the protocol's shell over
 :class:`~meshd.router.gateway.Gateway`: it authenticates the caller, turns each call into the
-gateway's (which goes upstream to Triton over gRPC: the router never calls Triton's HTTP port),
-and renders the answer, or a :class:`~meshd.router.gateway.RouterError`, the way Triton's HTTP
-server does (``server/src/http_server.cc``, 2.51).  Tensor conversion is in
+gateway's (which sends it on to a replica's own HTTP port when its agent names one, through
+:mod:`meshd.router.http_dispatch`, and otherwise over gRPC, converted), and renders the
+answer, or a :class:`~meshd.router.gateway.RouterError`, the way Triton's HTTP server does
+(``server/src/http_server.cc``, 2.51).  Tensor conversion is in
 :mod:`meshd.router.http_tensors`.
 
 Endpoints (Triton's paths, matched on the raw path with Triton's own patterns):

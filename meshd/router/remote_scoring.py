@@ -4,7 +4,7 @@ A worker shares the router port with the agent (SO_REUSEPORT) so that more than 
 parse, validate and relay requests; the scorer stays in the agent, where the fused view,
 the decisions and every target's estimates live, so all workers route on one state.
 
-The calls every request makes go over the score link (:mod:`meshd.score_link`), one frame
+The calls every request makes go over the score link (:mod:`meshd.score.link`), one frame
 each way on a Unix socket: a score, and a hedge target when one is due.  Outcomes are not a
 round trip each: those reported in one turn of the event loop go out as one frame (a report
 lost to a broken link is a decision the agent releases at its deadline).  The rest is the
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from meshd import score_link
 from meshd.router.dispatch import Outcome
 from meshd.router.scoring import ScoringUnavailable
+from meshd.score import link as score_link
 from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
-from meshd.score_api import choice_of, scored_of
+from meshd.score.service import choice_of, scored_of
 from proto.mesh.v1 import score_pb2, score_pb2_grpc
 
 log = logging.getLogger("meshd.router")

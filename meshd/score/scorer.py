@@ -4,7 +4,7 @@ for each outcome, what it teaches about its target.
 Sans-I/O like the protocol cores: ``now`` is an argument, randomness comes from a seeded
 ``random.Random``, and the only clock read is the strategy-budget timer (injectable; this
 thread's CPU time, so being preempted does not count against a strategy).  The
-gRPC service (``meshd/score_api.py``), the in-process router and the benchmarks all call
+gRPC service (``meshd/score/service.py``), the in-process router and the benchmarks all call
 :meth:`Scorer.score` and :meth:`Scorer.report` directly.
 
 Order of work for one request (each step can shed, with a reason and a retry-after):
@@ -36,7 +36,6 @@ from operator import attrgetter
 from typing import Any
 
 from adapters.model import work_units
-from meshd.fused import FusedState
 from meshd.score.admission import ADMIT, ModelGate, TenantGate, Verdict, priority_share
 from meshd.score.budget import HedgeBudget
 from meshd.score.config import DEFAULT_ROUTING, RoutingConfig, ScoreConfig
@@ -49,6 +48,7 @@ from meshd.score.standing import SERVICES, StandingQueue
 from meshd.score.strategies import FALLBACK, default_registry
 from meshd.score.strategy import Context, Registry, Strategy
 from meshd.score.target import ModelTargets, Target, TargetStats, TargetTable, predict_all
+from meshd.signals.fused import FusedState
 
 STRATEGY_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3)
 """Upper bounds (seconds) of the per-strategy decision-time histogram."""

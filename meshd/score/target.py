@@ -34,11 +34,11 @@ from operator import attrgetter
 from typing import Any
 
 from adapters.model import ReplicaState
-from meshd.fused import FusedState, NodeEntry
 from meshd.score.config import ScoreConfig
 from meshd.score.latency import LatencyWindow
 from meshd.score.limiter import AdaptiveLimit
-from meshd.signal_wire import NodeSignals
+from meshd.signals.fused import FusedState, NodeEntry
+from meshd.signals.wire import NodeSignals
 
 _INF = float("inf")
 _queue_at = attrgetter("queue_at")

@@ -36,19 +36,20 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from opentelemetry.trace import Tracer
+
+from adapters.model import CommStats
 from consensus.group import ConsensusError
-from meshd.state_api import comm_from
+from meshd.signals.deltas import comm_from
 from meshd.train.leases import LeaseKeeper
 from meshd.train.logs import log_path
 from meshd.train.scheduler import parts_of
 from meshd.train.spans import JobSpans
 from proto.mesh.v1 import state_pb2
-
-if TYPE_CHECKING:
-    from meshd.train.service import TrainService
 
 log = logging.getLogger("meshd.train")
 
@@ -67,10 +68,32 @@ that differ between gangs sharing a host (unless their tokens are 150 apart) and
 the usual ephemeral range."""
 
 
+class JobHost(Protocol):
+    """What a job run needs of the trainer that started it (:class:`meshd.train.service.
+    TrainService`): its node, its tracer, the placements group and the mesh's addresses."""
+
+    node: str
+    tracer: Tracer | None
+    report_comm: Callable[[CommStats], None]
+    """Publishes a collective's timing in the node's signals."""
+
+    def address_of(self, node: str) -> str:
+        """The address the job's peers reach ``node`` at."""
+        ...
+
+    async def write(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Commits a lease command in the placements group."""
+        ...
+
+    def drain_deadline(self) -> float | None:
+        """When a drain of this node hands its jobs back (None: not draining)."""
+        ...
+
+
 class JobRun:
     """Runs one lease of one job to its end (done, failed, fenced, cancelled, moved)."""
 
-    def __init__(self, service: TrainService, name: str, job: dict[str, Any],
+    def __init__(self, service: JobHost, name: str, job: dict[str, Any],
                  workdir: Path) -> None:
         self.service = service
         self.name = name

@@ -27,7 +27,7 @@ from opentelemetry.trace import Tracer
 from adapters.model import CommStats
 from consensus.group import ConsensusError
 from gossip.protocol import Swim
-from meshd.control import ControlPlane
+from meshd.control.plane import ControlPlane
 from meshd.train.links import link_rows, link_rtt, observed_hops
 from meshd.train.placement import Rtt, RttRows
 from meshd.train.run import JobRun

@@ -112,7 +112,7 @@ class ScoreServicer:
         """Outcomes in batches over one long-lived stream: for high-rate routers in other processes,
         whose every request reports at least once (a unary call each costs more than the
         routing).  The agent's own router worker processes use the score link instead
-        (meshd/score_link.py), with the same messages.
+        (meshd/score/link.py), with the same messages.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

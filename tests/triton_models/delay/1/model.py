@@ -12,7 +12,7 @@ The behaviour control file is JSON, ``{"models": {"<model name>": {"delay_ms": 0
 "jitter_ms": 0, "spike_ms": 0, "spike_rate": 0, "pauses": [], "fail": false,
 "stall": false}}, "stopping": false}``, at the path in the
 environment variable
-``MESHD_DEVTRITON_CONTROL`` (set by meshd.devtriton for each server, so every server has its own
+``MESHD_DEVTRITON_CONTROL`` (set by meshd.dev.triton for each server, so every server has its own
 and the test process can change a running replica). The file is re-read at most every 50 ms,
 when a request comes, so the per-request cost stays a clock read. ``fail`` answers each request
 with an error; ``spike_ms`` / ``spike_rate`` make rare long requests (a GC pause, a page

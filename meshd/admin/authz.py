@@ -1,0 +1,185 @@
+"""Authentication and RBAC for the admin gRPC API, applied to every method in one place.
+
+gRPC interceptors never see the peer certificate, but the handler they return does: the
+interceptor wraps each unary handler so that, inside the call, the caller's certificate is read
+from ``context.auth_context()``, checked by the mesh verifier (trust domain, revocation), an
+optional ``authorization: Bearer <JWT>`` names a person instead, the policy decides, and the
+decision is written to the audit log.  Handlers read the caller from :data:`CALLER`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import grpc
+
+from certs.verify import PeerRejected, PeerVerifier
+from meshd.admin.rbac import AuditLog, AuthError, JwtVerifier, Policy, Principal
+
+CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("caller", default=None)
+
+
+class Authorizer:
+    """Who is calling and may they: shared by the interceptor and the tests."""
+
+    def __init__(self, verifier: PeerVerifier, policy: Policy, *, jwt: JwtVerifier | None,
+                 audit: AuditLog, refuse: Callable[[str, str, str], None]) -> None:
+        self.verifier = verifier
+        self.policy = policy
+        self.jwt = jwt
+        self.audit = audit
+        self.refuse = refuse
+        """(channel, reason, detail): counts and logs a refusal."""
+
+    def authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
+        """The caller, or raises (UNAUTHENTICATED, message) as a ``_Refused``."""
+        auth = context.auth_context()
+        pems = auth.get("x509_pem_cert") or []
+        try:
+            peer = self.verifier.verify_pem(pems[0] if pems else None)
+        except PeerRejected as exc:
+            self.refuse("admin", exc.reason, str(exc))
+            raise _Refused(grpc.StatusCode.UNAUTHENTICATED,
+                           f"client certificate refused: {exc}") from None
+        bearer = _bearer(context)
+        if bearer is None:
+            return Principal(peer.spiffe_id.kind, peer.spiffe_id.name, peer.roles,
+                             spiffe_id=str(peer.spiffe_id))
+        if self.jwt is None:
+            self.refuse("admin", "jwt_not_configured", "bearer token sent; none configured")
+            raise _Refused(grpc.StatusCode.UNAUTHENTICATED,
+                           "bearer tokens are not accepted by this node (no --jwt-jwks or "
+                           "--jwt-key configured)")
+        try:
+            return self.jwt.verify(bearer)
+        except AuthError as exc:
+            self.refuse("admin", f"jwt_{exc.reason}", str(exc))
+            raise _Refused(grpc.StatusCode.UNAUTHENTICATED, f"bearer token refused: {exc}"
+                           ) from None
+
+
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _bearer(context: grpc.aio.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            text = value if isinstance(value, str) else value.decode("latin-1")
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def _peer(context: grpc.aio.ServicerContext) -> str:
+    try:
+        return str(context.peer())
+    except Exception:  # noqa: BLE001 - best effort, for the audit log only
+        return ""
+
+
+class AuthzInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, authorizer: Authorizer) -> None:
+        self.authz = authorizer
+
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails],
+                                         Awaitable[grpc.RpcMethodHandler]],
+            details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        method = details.method.rsplit("/", 1)[-1]  # type: ignore[attr-defined]
+        authz = self.authz
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                principal, peer = await _admit(authz, method, context)
+                with _acting(authz, method, principal, peer, context):
+                    return await inner(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                guarded, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def guarded_stream(request: Any, context: grpc.aio.ServicerContext
+                                     ) -> AsyncIterator[Any]:
+                principal, peer = await _admit(authz, method, context)
+                with _acting(authz, method, principal, peer, context):
+                    async for item in inner_stream(request, context):
+                        yield item
+
+            return grpc.unary_stream_rpc_method_handler(
+                guarded_stream, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        if handler.stream_unary is not None:
+            inner_client_stream = handler.stream_unary
+
+            async def guarded_client_stream(requests: AsyncIterator[Any],
+                                            context: grpc.aio.ServicerContext) -> Any:
+                principal, peer = await _admit(authz, method, context)
+                with _acting(authz, method, principal, peer, context):
+                    return await inner_client_stream(requests, context)
+
+            return grpc.stream_unary_rpc_method_handler(
+                guarded_client_stream, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        # Bidirectional streaming methods are refused until one needs the same guard.
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                f"{method}: streaming requests are not served")
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+@contextlib.contextmanager
+def _acting(authz: Authorizer, method: str, principal: Principal, peer: str,
+            context: grpc.aio.ServicerContext) -> Iterator[None]:
+    """Run an admitted call as ``principal`` (:data:`CALLER`) and audit how it ended."""
+    token = CALLER.set(principal)
+    code = "OK"
+    try:
+        yield
+    except BaseException:
+        code = _code_of(context)
+        raise
+    finally:
+        CALLER.reset(token)
+        authz.audit.record(method=method, principal=principal, allowed=True, code=code,
+                           peer=peer)
+
+
+def _code_of(context: grpc.aio.ServicerContext) -> str:
+    got = context.code()
+    return got.name if isinstance(got, grpc.StatusCode) else "UNKNOWN"
+
+
+async def _admit(authz: Authorizer, method: str, context: grpc.aio.ServicerContext
+                 ) -> tuple[Principal, str]:
+    """Authenticate and authorize the caller of ``method`` or abort the call."""
+    peer = _peer(context)
+    try:
+        principal = authz.authenticate(context)
+    except _Refused as exc:
+        authz.audit.record(method=method, principal=None, allowed=False,
+                           code=exc.code.name, peer=peer, detail=str(exc))
+        await context.abort(exc.code, str(exc))
+        raise AssertionError("unreachable") from None
+    if not authz.policy.allows(principal, method):
+        need = ", ".join(authz.policy.roles_for(method)) or "none"
+        msg = (f"{method}: permission denied for {principal.label} (roles: "
+               f"{', '.join(sorted(principal.roles)) or 'none'}; requires one of: {need})")
+        authz.refuse("admin", "permission_denied", msg)
+        authz.audit.record(method=method, principal=principal, allowed=False,
+                           code="PERMISSION_DENIED", peer=peer, detail=msg)
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, msg)
+    return principal, peer
