@@ -281,6 +281,43 @@ def test_a_killed_replica_fails_over_with_no_failed_request(
     assert c.failovers + c.hedged - before >= 10, c
 
 
+def test_a_request_the_model_refuses_is_not_run_on_every_replica(
+        two: tuple[RouterHarness, list[TritonServer]]) -> None:
+    """Inputs whose shapes disagree pass validation (add_sub's dims are [-1]) and the model
+    refuses them with INTERNAL: Triton's words go back at once, from one replica."""
+    h, servers = two
+    h.put("RoutingPolicy", "add_sub", {"strategy": "baseline_rr"})
+    via = tc.InferenceServerClient(h.addr)
+    add_sub(via)
+    time.sleep(0.5)
+    c = h.router.counters
+    before = (sum(served(s, "add_sub") for s in servers), c.failovers, c.hedged)
+    a = tc.InferInput("INPUT0", [1, 4], "FP32")
+    a.set_data_from_numpy(np.zeros((1, 4), np.float32))
+    b = tc.InferInput("INPUT1", [1, 16], "FP32")
+    b.set_data_from_numpy(np.zeros((1, 16), np.float32))
+    for _ in range(6):
+        with pytest.raises(InferenceServerException) as err:
+            via.infer("add_sub", [a, b])
+        assert err.value.status() == "StatusCode.INTERNAL"
+        assert err.value.message() == "INPUT0 shape (1, 4) != INPUT1 shape (1, 16)"
+    ran = sum(served(s, "add_sub") for s in servers) - before[0]  # error answers count here
+    assert (ran, c.failovers - before[1]) == (6 + c.hedged - before[2], 0)
+
+
+def test_a_replica_whose_backend_fails_is_failed_over(
+        two: tuple[RouterHarness, list[TritonServer]]) -> None:
+    h, servers = two
+    h.put("RoutingPolicy", "delay", {"strategy": "baseline_rr"})
+    servers[1].set_behaviour("delay", fail=True)
+    via = tc.InferenceServerClient(h.addr)
+    c = h.router.counters
+    before = c.failovers
+    for _ in range(10):
+        delay(via, client_timeout=10)  # none fails: the broken replica's INTERNAL is its own
+    assert c.failovers - before >= 3, c
+
+
 def test_overload_is_shed_with_retry_after_not_timeouts(triton_factory: Any) -> None:
     servers = triton_factory(1)
     h = RouterHarness(servers, limiter=LimiterConfig(initial=2, min_limit=2, max_limit=2))
@@ -304,6 +341,58 @@ def test_overload_is_shed_with_retry_after_not_timeouts(triton_factory: Any) -> 
         assert shed and set(shed) == {"StatusCode.RESOURCE_EXHAUSTED"}, outcomes
     finally:
         h.close()
+
+
+def test_a_deadline_no_replica_can_meet_is_deadline_exceeded_with_no_retry_hint(
+        triton_factory: Any) -> None:
+    servers = triton_factory(1)
+    h = RouterHarness(servers, spu=(1.0,))  # a second per work unit: nothing answers in 50 ms
+    try:
+        raw = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[
+            np.zeros((1, 4), np.float32).tobytes()] * 2)
+        for name in ("INPUT0", "INPUT1"):
+            raw.inputs.add(name=name, datatype="FP32", shape=[1, 4])
+        with grpc.insecure_channel(h.addr) as ch:
+            infer = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                   request_serializer=service_pb2.ModelInferRequest.
+                                   SerializeToString,
+                                   response_deserializer=service_pb2.ModelInferResponse.FromString)
+            t0 = time.monotonic()
+            with pytest.raises(grpc.RpcError) as err:
+                infer(raw, timeout=0.5)
+        assert time.monotonic() - t0 < 0.4  # refused at once, not timed out
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "deadline" in (err.value.details() or "")
+        assert not [k for k, _ in err.value.trailing_metadata() or () if k == "retry-after-ms"]
+        assert h.router.counters.shed.get("deadline") == 1
+    finally:
+        h.close()
+
+
+def test_a_message_over_the_payload_limit_is_refused_before_it_is_buffered(
+        two: tuple[RouterHarness, list[TritonServer]]) -> None:
+    """gRPC's receive limit is validation's (64 MiB of inputs) plus headroom, so an oversized
+    request never reaches the router's loop, let alone a replica."""
+    from meshd.router.gateway import MAX_PAYLOAD, MESSAGE_HEADROOM
+
+    h, servers = two
+    big = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[
+        bytes(MAX_PAYLOAD + MESSAGE_HEADROOM + 1)]).SerializeToString()
+    with grpc.insecure_channel(h.addr, options=[
+            ("grpc.max_send_message_length", len(big) + 1024)]) as ch:
+        infer = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as err:
+            infer(big, timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "larger than max" in (err.value.details() or "")
+        fits = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[
+            bytes(MAX_PAYLOAD + 1)])
+        for name in ("INPUT0", "INPUT1"):
+            fits.inputs.add(name=name, datatype="FP32", shape=[1, 4])
+        with pytest.raises(grpc.RpcError) as err:  # received, then refused by validation
+            infer(fits.SerializeToString(), timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert h.router.counters.requests == 1 and h.router.counters.invalid == 1
 
 
 def test_a_draining_node_takes_nothing_new_and_finishes_what_it_has(

@@ -5,11 +5,12 @@ The first good answer wins; the other attempt is cancelled (its runtime stops wo
 when the cancellation reaches it).  Every attempt's outcome is reported to the scorer, the
 last one with ``last`` set, which releases the decision's admission.
 
-Which errors fail over: the ones that say "this replica cannot answer now" -
-UNAVAILABLE (not reachable, killed), RESOURCE_EXHAUSTED (it shed the request), and
-INTERNAL/UNKNOWN (a broken backend).  The ones that say "this request is wrong" -
-INVALID_ARGUMENT, NOT_FOUND, UNIMPLEMENTED, ... - go straight back to the client: another
-replica would say the same, at the cost of its time.
+Which errors fail over: the replica's faults, as :mod:`meshd.router.blame` tells them -
+UNAVAILABLE (not reachable, killed), RESOURCE_EXHAUSTED (it shed the request), a broken
+transport, and an INTERNAL that names the replica's machinery (a dead stub, CUDA, memory).
+The request's own faults - INVALID_ARGUMENT, NOT_FOUND, ..., and an INTERNAL in which the
+model refuses this input - go straight back to the client: another replica would say the
+same, at the cost of its time.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from typing import Protocol
 import grpc
 from opentelemetry.trace import SpanKind
 
+from meshd.router.blame import replica_fault
 from meshd.router.traces import RequestTrace, SpanRecord
 from meshd.router.upstream import Upstreams
 from meshd.score.scorer import Choice, Status
 from meshd.score.sequences import NOT_HELD
 
-FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
 START_RETRY = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 """Errors after which a sequence's START may go to the next replica: it was never taken."""
 STATUS_OF = {grpc.StatusCode.UNAVAILABLE: Status.UNAVAILABLE,
@@ -195,7 +195,7 @@ async def dispatch(raw: bytes, method: str, targets: Sequence[Choice], hedge_aft
                 status = STATUS_OF.get(code, Status.ERROR)
                 last_error = (code, details)
                 _end(att.span, status, f"{code.name}: {details}")
-                if code not in FAILOVER_CODES:
+                if not _elsewhere(exc, code, details):
                     cancel_all(Status.CANCELLED)
                     report(att.choice.replica, latency, status, att.hedge, True)
                     raise Failed(code, details)
@@ -297,7 +297,7 @@ async def in_turn(raw: bytes, method: str, queue: Sequence[Choice], upstreams: U
             code, details = _error(exc)
             status = STATUS_OF.get(code, Status.ERROR)
             _end(span, status, f"{code.name}: {details}")
-            retry = code in FAILOVER_CODES
+            retry = _elsewhere(exc, code, details)
             post((decision, choice.replica, clock() - started, status, False,
                   not retry or i == final))
             if not retry:
@@ -312,6 +312,14 @@ async def in_turn(raw: bytes, method: str, queue: Sequence[Choice], upstreams: U
     if not queue:
         post((decision, "", 0.0, Status.ERROR, False, True))
     raise Failed(last[0], last[1])  # the last replica's own words, as Triton gave them
+
+
+def _elsewhere(exc: BaseException, code: grpc.StatusCode, details: str) -> bool:
+    """Whether another replica may answer differently: a replica's fault, or a failure of the
+    call itself (not an answer) other than a cancellation."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return code != grpc.StatusCode.CANCELLED
+    return replica_fault(code, details)
 
 
 def _error(exc: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -172,6 +172,11 @@ def _shed(scored: Scored, model: str, seq: tuple[int | str, bool, bool] | None) 
         lost = scored.targets[0] if scored.targets else None
         where = f" on node {lost.node} ({lost.endpoint})" if lost is not None else ""
         return RouterError(grpc.StatusCode.ABORTED, lost_sequence(seq[0], model, where))
+    if v.reason == "deadline":
+        # Asking again will not make the deadline longer: no retry hint.
+        return RouterError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                           "shed: deadline: no replica is predicted to answer within the "
+                           "request's deadline")
     code = (grpc.StatusCode.UNAVAILABLE if v.reason == "no_targets"
             else grpc.StatusCode.RESOURCE_EXHAUSTED)
     return RouterError(code, f"shed: {v.reason}; retry after {v.retry_after:.3f} s",
@@ -200,12 +205,21 @@ def lost_sequence(sid: int | str, model: str, where: str) -> str:
             "is no longer available; start the sequence again")
 
 
+MAX_PAYLOAD = 64 << 20
+"""Bytes of input tensors one request may carry through the router (``PayloadTooLarge``
+beyond)."""
+MESSAGE_HEADROOM = 1 << 20
+"""Bytes a request may have beyond its payload (names, shapes, parameters, JSON).  The
+ingresses refuse a message larger than payload + headroom before buffering the rest of it, so
+no request can make the router hold more than validation would ever accept."""
+
+
 class Gateway:
     """The router's work on Triton calls, over a scorer in this process or the agent's
     (:mod:`meshd.router.scoring`)."""
 
     def __init__(self, scoring: Scoring, clock: Callable[[], float], *,
-                 max_bytes: int = 64 << 20) -> None:
+                 max_bytes: int = MAX_PAYLOAD) -> None:
         self.scoring = scoring
         self.clock = clock
         self.max_bytes = max_bytes

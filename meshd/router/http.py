@@ -62,7 +62,7 @@ from tritonclient.grpc import service_pb2
 from meshd import tracing
 from meshd.router import http_tensors as tensors
 from meshd.router.auth import SLO_HEADER, TENANT_HEADER, ClientAuth, Unauthenticated
-from meshd.router.gateway import Caller, Gateway, RouterError, sequence_of
+from meshd.router.gateway import MESSAGE_HEADROOM, Caller, Gateway, RouterError, sequence_of
 from meshd.router.http_dispatch import http_code, picked
 from meshd.router.http_tensors import BadRequest, OutputError
 from meshd.router.known import Known
@@ -70,8 +70,6 @@ from meshd.router.kserve import NO_SERVER_METHODS
 from meshd.router.traces import RequestTrace
 from meshd.score.scorer import Choice
 
-HEADROOM = 1 << 20
-"""Bytes a request body may have beyond the gateway's payload limit (its JSON)."""
 INFER_HEADER = "Inference-Header-Content-Length"
 _JSON = "application/json"
 _PLAIN = "text/plain"
@@ -192,7 +190,7 @@ class HttpService:
         self.gateway = gateway
         self.auth = auth
         self.shm = shm
-        self.max_body = gateway.max_bytes + HEADROOM
+        self.max_body = gateway.max_bytes + MESSAGE_HEADROOM
         self._callers: dict[tuple[str | None, ...], Caller] = {}
         """Callers by the headers that decide who they are, where no client certificate
         does (see :meth:`_caller`)."""

@@ -9,8 +9,9 @@ expects.
 
 The rules are :mod:`meshd.router.dispatch`'s: the first target, a hedge after the delay when
 the scorer offers one, failover on the answers that say "this replica cannot answer now" -
-no connection (UNAVAILABLE), 503, 429, 500 - and none on those that say the request is
-wrong, which go back as Triton gave them; the last replica's answer goes back when every one
+no connection (UNAVAILABLE), 503, 429, and a 500 that names the replica's machinery
+(:mod:`meshd.router.blame`) - and none on those that say the request is wrong, which go back
+as Triton gave them; the last replica's answer goes back when every one
 failed.  Outcomes are reported as they end, the last with ``last`` set.  A stateful
 sequence's requests do not come here: the gateway routes those over gRPC, whose sequence
 rules (:func:`~meshd.router.dispatch.dispatch_sequence`) read Triton's gRPC errors.
@@ -27,6 +28,7 @@ import aiohttp
 import grpc
 from yarl import URL
 
+from meshd.router.blame import replica_fault_http
 from meshd.router.dispatch import (
     Failed,
     Failovers,
@@ -41,8 +43,8 @@ from meshd.score.scorer import Choice, Status
 
 RELAYED = ("Content-Type", "Inference-Header-Content-Length", "Content-Encoding")
 """Headers of Triton's answer the client gets (aiohttp sets the length)."""
-FAILOVER = {503: Status.UNAVAILABLE, 429: Status.OVERLOADED, 500: Status.ERROR}
-"""Answers another replica may not give: tried elsewhere while there is one."""
+STATUS_OF = {503: Status.UNAVAILABLE, 429: Status.OVERLOADED}
+"""How an error answer is reported to the scorer (any other: ERROR)."""
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
           403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
           409: grpc.StatusCode.ABORTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -125,7 +127,7 @@ class _Tried:
     """Triton's answer (any status), or None: no answer (``code``, ``details`` say why)."""
     status: Status
     retry: bool
-    """Another replica may answer differently: no connection, or a FAILOVER answer."""
+    """Another replica may answer differently: no connection, or a replica's fault."""
     code: grpc.StatusCode
     details: str
     started: float
@@ -166,9 +168,10 @@ async def _try(a: _Attempts, choice: Choice, hedge: bool) -> _Tried:
         _end(span, Status.CANCELLED)
         raise
     code = reply.status
-    status = Status.OK if code < 400 else FAILOVER.get(code, Status.ERROR)
+    status = Status.OK if code < 400 else STATUS_OF.get(code, Status.ERROR)
     _end(span, status, "" if status == Status.OK else f"HTTP {code}")
-    return _Tried(reply, status, code in FAILOVER, http_code(code), "", started)
+    return _Tried(reply, status, code >= 400 and replica_fault_http(code, reply.body),
+                  http_code(code), "", started)
 
 
 def _answer(tried: _Tried) -> HttpReply:
@@ -239,8 +242,8 @@ async def in_turn(path: str, body: bytes, headers: dict[str, str], targets: Sequ
             post((decision, choice.replica, clock() - started, Status.CANCELLED, False, True))
             raise
         code = resp.status
-        status = Status.OK if code < 400 else FAILOVER.get(code, Status.ERROR)
-        last = code not in FAILOVER or i == final
+        status = Status.OK if code < 400 else STATUS_OF.get(code, Status.ERROR)
+        last = code < 400 or not replica_fault_http(code, data) or i == final
         if span is not None:
             _end(span, status, "" if status == Status.OK else f"HTTP {code}")
         post((decision, choice.replica, clock() - started, status, False, last))

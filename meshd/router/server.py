@@ -17,7 +17,7 @@ from aiohttp import web
 from certs import tls
 from certs.verify import PeerVerifier
 from meshd.router.auth import ClientAuth, load_tokens
-from meshd.router.gateway import Gateway
+from meshd.router.gateway import MESSAGE_HEADROOM, Gateway
 from meshd.router.http import HttpService
 from meshd.router.kserve import KServeService
 from meshd.router.scoring import Scoring
@@ -47,7 +47,9 @@ async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, i
     service = KServeService(router, auth)
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ("grpc.max_receive_message_length", MAX_MESSAGE),
+        # A larger request is refused (RESOURCE_EXHAUSTED) as its length prefix arrives,
+        # before it is buffered or parsed: validation would refuse it anyway.
+        ("grpc.max_receive_message_length", router.max_bytes + MESSAGE_HEADROOM),
         ("grpc.max_send_message_length", MAX_MESSAGE)])
     server.add_generic_rpc_handlers((service.handler(),))
     host, port = addr

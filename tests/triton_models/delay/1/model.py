@@ -79,13 +79,15 @@ class TritonPythonModel:
             if self.stopping or time.monotonic() - started >= STALL_LIMIT_S:
                 why = "server stopping" if self.stopping else f"{STALL_LIMIT_S:.0f} s"
                 return pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(f"{self.name}: stalled ({why})")
+                    error=pb_utils.TritonError(f"{self.name}: stalled ({why}): model instance "
+                                               "unhealthy")
                 )
             time.sleep(STALL_POLL_S)
             behaviour = self._current()
         if behaviour.get("fail"):
             return pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(f"{self.name}: injected failure (behaviour fail=true)")
+                error=pb_utils.TritonError(f"{self.name}: injected failure (behaviour fail=true): "
+                                           "model instance unhealthy")
             )
         nbytes = pb_utils.get_input_tensor_by_name(request, "PAYLOAD").as_numpy().nbytes
         delay = self.base_s + self.per_byte_s * nbytes + float(behaviour.get("delay_ms", 0)) / 1e3
@@ -113,6 +115,8 @@ class TritonPythonModel:
             # Raised, not answered with error responses: Triton counts a Python model's error
             # *responses* as successes in its statistics and metrics (triton-inference-server/
             # server#7713), so only a raised error looks like the broken backend it stands for.
+            # "unhealthy": a replica's fault in the router's words (meshd/router/blame.py), as
+            # a real broken backend's "Stub process ... is not healthy" is.
             raise pb_utils.TritonModelException(
-                f"{self.name}: injected failure (behaviour fail=true)")
+                f"{self.name}: injected failure (behaviour fail=true): model instance unhealthy")
         return [self._serve(request) for request in requests]
