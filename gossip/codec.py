@@ -6,6 +6,18 @@ otherwise it is the plaintext.  The plaintext is one msgpack array of messages (
 each message itself an array ``[type, field, ...]``, so one UDP packet carries a probe plus
 piggybacked broadcasts.  Everything is validated on the way in: a packet that fails any check is
 rejected as a whole with a :class:`DecodeError` whose ``reason`` is a short metric label.
+
+**Rolling upgrades.**  A mesh runs two builds side by side while it upgrades, so the format
+grows without breaking older readers, as protobuf does:
+
+- a message may carry more fields than this build knows: the known ones are checked, the
+  rest are dropped (up to :data:`MAX_EXTRA_FIELDS`);
+- message types from :data:`OPTIONAL_TYPES` up are *optional*: a reader that does not know
+  one skips it and takes the rest of the packet (an unknown type below is still an error:
+  a new essential message needs every node upgraded first, so it must not be sent before);
+- push-pull records and the payload itself may also grow at their ends.
+
+The frame's ``version`` byte changes only for a format an older reader cannot skip through.
 """
 
 from __future__ import annotations
@@ -21,6 +33,11 @@ FLAG_ENCRYPTED = 0x01
 MAX_PACKET_BYTES = 65535
 
 PING, INDIRECT_PING, ACK, NACK, ALIVE, SUSPECT, DEAD, STATE, STATE_DELTA = range(1, 10)
+OPTIONAL_TYPES = 64
+"""Message types from here to 127 are optional: skipped by a reader that does not know them."""
+MAX_TYPE = 127
+MAX_EXTRA_FIELDS = 8
+"""Fields a newer build may add to a message or record; more is not a newer build."""
 MESSAGE_NAMES = {PING: "ping", INDIRECT_PING: "indirect_ping", ACK: "ack", NACK: "nack",
                  ALIVE: "alive", SUSPECT: "suspect", DEAD: "dead", STATE: "state",
                  STATE_DELTA: "state_delta"}
@@ -177,28 +194,43 @@ _SCHEMAS: dict[int, tuple[Any, ...]] = {
 
 
 def validate_message(msg: object) -> list[Any]:
-    """Check one decoded message against its schema and return it."""
+    """Check one decoded message against its schema and return it (without the fields a newer
+    build added: see the module's notes on upgrades)."""
     if type(msg) is not list or not msg:
         raise DecodeError("schema", "message is not a non-empty array")
     kind = msg[0]
     schema = _SCHEMAS.get(kind) if type(kind) is int else None  # noqa: E721
     if schema is None:
         raise DecodeError("unknown_type", f"message type {kind!r}")
-    if len(msg) != len(schema) + 1:
+    known = len(schema) + 1
+    if not known <= len(msg) <= known + MAX_EXTRA_FIELDS:
         raise DecodeError("schema", f"{MESSAGE_NAMES[kind]} has {len(msg) - 1} fields")
     for i, check in enumerate(schema, 1):
         if not check(msg[i]):
             raise DecodeError("schema", f"{MESSAGE_NAMES[kind]} field {i} is invalid")
-    return msg
+    return msg if len(msg) == known else msg[:known]
 
 
-def decode_packet(data: bytes, keyring: Keyring | None) -> list[list[Any]]:
-    """All messages of a packet, validated; raises :class:`DecodeError`."""
+def is_optional(msg: object) -> bool:
+    """A well-formed message of an optional type this build does not know."""
+    return (type(msg) is list and bool(msg) and type(msg[0]) is int  # noqa: E721
+            and OPTIONAL_TYPES <= msg[0] <= MAX_TYPE and msg[0] not in _SCHEMAS)
+
+
+def decode_compound(data: bytes, keyring: Keyring | None) -> tuple[list[list[Any]], int]:
+    """The messages of a packet this build knows, validated, and how many optional ones it
+    skipped; raises :class:`DecodeError`."""
     body = open_frame(data, keyring)
     msgs = _unpack(body, MAX_PACKET_BYTES)
     if type(msgs) is not list or not msgs:
         raise DecodeError("schema", "packet body is not a non-empty array")
-    return [validate_message(m) for m in msgs]
+    known = [validate_message(m) for m in msgs if not is_optional(m)]
+    return known, len(msgs) - len(known)
+
+
+def decode_packet(data: bytes, keyring: Keyring | None) -> list[list[Any]]:
+    """All messages of a packet this build knows, validated; raises :class:`DecodeError`."""
+    return decode_compound(data, keyring)[0]
 
 
 # --- push-pull streams -----------------------------------------------------------------------
@@ -220,18 +252,22 @@ def decode_stream(data: bytes, keyring: Keyring | None,
     """Parse and validate a push-pull payload; raises :class:`DecodeError`."""
     body = open_frame(data, keyring, max_bytes)
     obj = _unpack(body, max_bytes)
-    if not (type(obj) is list and len(obj) == 4):
-        raise DecodeError("schema", "push-pull payload must be a 4-element array")
-    source, join, nodes, states = obj
+    if not (type(obj) is list and 4 <= len(obj) <= 4 + MAX_EXTRA_FIELDS):
+        raise DecodeError("schema", "push-pull payload must be an array of at least 4 elements")
+    source, join, nodes, states = obj[:4]
     if not (_is_name(source) and type(join) is bool and type(nodes) is list
             and type(states) is list):
         raise DecodeError("schema", "push-pull header fields are invalid")
-    for rec in nodes:
+    for i, rec in enumerate(nodes):
+        if type(rec) is list and 6 < len(rec) <= 6 + MAX_EXTRA_FIELDS:  # a newer build's
+            rec = nodes[i] = rec[:6]
         if not (type(rec) is list and len(rec) == 6 and _is_name(rec[0]) and _is_host(rec[1])
                 and _is_port(rec[2]) and _is_u64(rec[3]) and type(rec[4]) is int
                 and 0 <= rec[4] <= 3 and _is_bytes(rec[5], MAX_META)):
             raise DecodeError("schema", "push-pull node record is invalid")
-    for rec in states:
+    for i, rec in enumerate(states):
+        if type(rec) is list and 3 < len(rec) <= 3 + MAX_EXTRA_FIELDS:
+            rec = states[i] = rec[:3]
         if not (type(rec) is list and len(rec) == 3 and _is_name(rec[0]) and _is_u64(rec[1])
                 and _is_bytes(rec[2], MAX_BLOB)):
             raise DecodeError("schema", "push-pull state record is invalid")

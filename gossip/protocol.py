@@ -368,10 +368,11 @@ class Swim:
         self.stats.packets_received += 1
         self.stats.bytes_received += len(data)
         try:
-            msgs = codec.decode_packet(data, self.keyring)
+            msgs, skipped = codec.decode_compound(data, self.keyring)
         except codec.DecodeError as exc:
             self.stats.drop(exc.reason)
             return
+        self.stats.skipped_messages += skipped
         for msg in msgs:
             self._dispatch(msg, addr, now)
 

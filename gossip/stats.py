@@ -17,6 +17,8 @@ class Stats:
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         (*DROP_REASONS, "misdirected", "meta", *(f"stream_{r}" for r in DROP_REASONS)), 0))
     """Datagrams (and push-pull streams) dropped, by reason."""
+    skipped_messages: int = 0
+    """Messages of optional types this build does not know (a newer build's), skipped."""
     probes_sent: int = 0
     probes_ok: int = 0
     probes_failed: int = 0

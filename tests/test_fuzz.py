@@ -316,12 +316,30 @@ def test_plaintext_when_a_keyring_is_set(data: bytes) -> None:
 @pytest.mark.parametrize(("data", "reason"), [
     (b"", "truncated"), (b"\x01", "truncated"), (b"\x01\x00", "truncated"),
     (b"\x01\x00\xc1", "msgpack"), (b"\x01\x00\x90", "schema"), (b"\x01\x00\x01", "schema"),
-    (b"\x01\x00\x91\x90", "schema"), (b"\x01\x00\x91\x91\x63", "unknown_type"),
+    (b"\x01\x00\x91\x90", "schema"), (b"\x01\x00\x91\x91\x3f", "unknown_type"),
     (b"\x01\x00\x91\x91\xc3", "unknown_type"), (b"\x01\x00\x91\x92\x04\xa1x", "schema"),
     (b"\x01\x00\x90\x90", "msgpack"), (b"\x01\x01" + bytes(27), "no_key"),
 ])
 def test_reason_labels(data: bytes, reason: str) -> None:
     assert _decode_or_reason(data, None) == reason
+
+
+def test_a_newer_builds_messages_are_read_as_far_as_this_build_knows_them() -> None:
+    """Rolling upgrades: an optional message type this build does not know is skipped with the
+    rest of the packet kept; known messages and records may carry fields added later."""
+    ping = [codec.PING, 7, "b", "a"]
+    packet = codec.seal(codec.compound([msgpack.packb([99, "news", 1]),
+                                        msgpack.packb([*ping, "added", 2])]), None)
+    assert codec.decode_compound(packet, None) == ([ping], 1)
+    assert codec.decode_packet(packet, None) == [ping]
+    too_many = codec.seal(codec.compound([msgpack.packb([*ping, *range(9)])]), None)
+    assert _decode_or_reason(too_many, None) == "schema"
+    essential = codec.seal(codec.compound([msgpack.packb([63, 1])]), None)
+    assert _decode_or_reason(essential, None) == "unknown_type"
+    body = msgpack.packb(["a", False, [["n", "h", 1, 2, 0, b"", "new"]], [["n", 3, b"x", 9]],
+                          "extra"], use_bin_type=True)
+    assert codec.decode_stream(codec.seal(body, None), None, STREAM_MAX) == (
+        "a", False, [["n", "h", 1, 2, 0, b""]], [["n", 3, b"x"]])
 
 
 def test_short_ciphertext_is_auth_failure() -> None:

@@ -825,6 +825,17 @@ def test_delta_is_held_over_the_state_until_a_newer_state_arrives() -> None:
     assert feed(a, codec.state_delta("zz", 9, b"x")) == [] and a.node_delta("zz") is None
 
 
+def test_a_newer_nodes_optional_messages_are_skipped_and_the_rest_applied() -> None:
+    import msgpack
+
+    a = make("a")
+    newer_alive = msgpack.packb([codec.ALIVE, 0, "b", "127.0.0.2", 7946, NodeMeta().encode(),
+                                 "a field added later"], use_bin_type=True)
+    ev = feed(a, msgpack.packb([100, "a message type added later"]), newer_alive)
+    assert kinds(ev) == [EventKind.JOIN] and a.member("b") is not None
+    assert a.stats.skipped_messages == 1 and sum(a.stats.dropped.values()) == 0
+
+
 def test_state_and_delta_events_carry_what_gossip_holds() -> None:
     """The owner reads node state from the events alone: a STATE brings its blob and any
     delta still past it; a DELTA brings itself and the blob it applies over."""
