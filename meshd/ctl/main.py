@@ -19,6 +19,7 @@ from meshd.admin.rbac import ACCESS_ROLES
 from meshd.ctl import jobs as ctl_jobs
 from meshd.ctl import policy as ctl_policy
 from meshd.ctl import state as ctl_state
+from meshd.ctl.diagnose import explain
 from meshd.ctl.text import format_members_table, format_rtt_answer, to_json
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
@@ -297,6 +298,10 @@ def _run(argv: list[str] | None) -> int:
             code = exc.code()  # type: ignore[attr-defined]
             print(f"meshctl: {code.name}: {exc.details()} (admin {args.admin})",  # type: ignore[attr-defined]
                   file=sys.stderr)
+            if code == grpc.StatusCode.UNAVAILABLE:
+                why = explain(args.admin, creds)
+                if why is not None:
+                    print(f"meshctl: {why}", file=sys.stderr)
             return 2 if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND) else 1
 
 
