@@ -27,7 +27,7 @@ from typing import Any
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.node import TCPNode
 
-from consensus.durability import JournalSync, read_dump, write_dump
+from consensus.durability import JournalSync, read_dump, repair_journal, write_dump
 from consensus.transport import RaftTls, TlsTransport, tls_transport
 from policy.store import Change, PolicyStore
 
@@ -171,6 +171,10 @@ class RaftGroup:
         """Commands whose ``at`` this coordinator sets from its own clock when proposing."""
         data_dir.mkdir(parents=True, exist_ok=True)
         journal = data_dir / f"{name}.journal"
+        # pysyncobj trusts the journal's end offset; after a power cut it can point past a torn
+        # record (see consensus.durability.repair_journal).  Raises JournalError for a file
+        # that is not a journal.
+        self.journal_check = repair_journal(journal)
         self.consumer = _StoreConsumer(kinds, lambda: None, on_change, on_reset, store_class)
         self.durability = JournalSync(journal, lambda: self.consumer._syncObj)
         self.durability.dump_file = data_dir / f"{name}.dump"
