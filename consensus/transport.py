@@ -34,6 +34,15 @@ here an established connection is never dropped for being idle: dead peers are f
 keepalive (``conf.tcp_keepalive``) and end-of-stream, and only unfinished handshakes time out
 (after ``conf.connectionTimeout``).  Memory per connection is bounded: frames by ``max_frame``,
 unsent log replication by :data:`SEND_BACKLOG`.
+
+Not every closed connection is a security event.  Two happen on every coordinator restart and
+are counted apart (``deferred``, ``on_deferred``), not as refusals: a restarted node starts its
+Raft groups from the saved configuration before gossip has told it which node is at each
+member address, so until then a peer's address has no pinned name (``unknown_address``: closed
+and tried again once gossip names it; a certificate of *another* node at a pinned address is
+still ``wrong_node``); and a peer that dies or restarts hangs up in the middle of our handshake
+(``peer_closed``: a connection we dialled that ended before TLS did, which a refusing peer
+answers with an alert or after the handshake instead).
 """
 
 from __future__ import annotations
@@ -114,6 +123,15 @@ class RaftTls:
     before_send: Callable[[], None] | None = None
     """Runs before every message goes out: Raft's "persist before you answer" hook (see
     :mod:`consensus.durability`), so nothing we say can depend on state a power cut loses."""
+    on_deferred: Callable[[str], None] | None = None
+    """Told the label of every connection closed for a reason that is no security event
+    (:data:`DEFERRED_REASONS`): it is tried again, and counted apart from refusals."""
+
+
+DEFERRED_REASONS = ("unknown_address", "peer_closed")
+"""Why a connection was closed without a security refusal: the peer's address has no pinned
+name yet (gossip has not named it since we started), or a peer we dialled hung up before the
+TLS handshake was over (it is going down or restarting)."""
 
 
 def mesh_authorizer(verifier: PeerVerifier, role: str | None = "node"
@@ -268,6 +286,13 @@ class _Conn:
                 self._tls.do_handshake()
             except ssl.SSLWantReadError:
                 return
+            except ssl.SSLEOFError as exc:
+                if self.outgoing:  # the peer went away mid-handshake: it is restarting or gone
+                    self.refuse("peer_closed", f"the peer hung up during the TLS handshake "
+                                f"({exc.reason or exc})", security=False)
+                else:  # a scanner, or a client that did not like what it saw: ours to count
+                    self.refuse("tls_handshake", f"TLS handshake failed ({exc.reason or exc})")
+                return
             except ssl.SSLError as exc:
                 self.refuse(_tls_reason(exc), f"TLS handshake failed ({exc.reason or exc})")
                 return
@@ -339,8 +364,13 @@ class _Conn:
             self._want_write = want
             self._subscribe()
 
-    def refuse(self, reason: str, detail: str) -> None:
-        self.owner._count_refusal(self, reason, detail)
+    def refuse(self, reason: str, detail: str, security: bool = True) -> None:
+        """Close, counted as a security refusal, or (``security=False``) as a deferral: one
+        of :data:`DEFERRED_REASONS`, tried again, nothing wrong seen."""
+        if security:
+            self.owner._count_refusal(self, reason, detail)
+        else:
+            self.owner._count_deferral(self, reason, detail)
         try:
             # best effort: a failed handshake leaves an alert saying why, useful to the peer
             pending = self._out.read()
@@ -389,6 +419,8 @@ class TlsTransport(Transport):  # type: ignore[misc]
         self.tls = settings
         self.delivered_messages = 0
         self.delivered_bytes = 0
+        self.deferred: Counter[str] = Counter()
+        """Connections closed for no security reason, by :data:`DEFERRED_REASONS` label."""
         self.last_heard: dict[str, float] = {}
         """Raft address -> ``time.monotonic()`` of the last message from it (quorum checks)."""
         self.dropped_messages = 0
@@ -655,10 +687,7 @@ class TlsTransport(Transport):  # type: ignore[misc]
         conn.state = _State.HELLO
         if conn.outgoing:
             assert conn.node is not None
-            expected = self._expected_name(conn.node)
-            if expected is not None and name != expected:
-                conn.refuse("wrong_node", f"{conn.node.address} must be {expected!r}, "
-                                          f"its certificate names {name!r}")
+            if not self._pinned(conn, conn.node.address):
                 return
             conn.send_frame(HELLO + self._self.address.encode())
 
@@ -697,10 +726,7 @@ class TlsTransport(Transport):  # type: ignore[misc]
         if self._dials(node):
             conn.refuse("wrong_direction", f"{address} must be dialled by us, not dial us")
             return
-        expected = self._expected_name(node)
-        if expected is not None and conn.peer_name != expected:
-            conn.refuse("wrong_node", f"{address} must be {expected!r}, its certificate "
-                                      f"names {conn.peer_name!r}")
+        if not self._pinned(conn, address):
             return
         self._pending.discard(conn)
         old = self._conns.pop(node, None)
@@ -748,19 +774,46 @@ class TlsTransport(Transport):  # type: ignore[misc]
             log.info("raft: disconnected from %s", node.address)
             self._onNodeDisconnected(node)
 
-    def _expected_name(self, node: TCPNode) -> str | None:
+    def _pinned(self, conn: _Conn, address: str) -> bool:
+        """Whether the peer's certificate may be the member at ``address`` (``node_names``);
+        if not, ``conn`` is closed.  A certificate of another node than the one pinned there
+        is refused (``wrong_node``: someone claims a member's place).  An address with no
+        pinned name yet is only deferred: after a restart gossip names the members a moment
+        after Raft started from the saved configuration, and the peer tries again."""
         names = self.tls.node_names
-        return None if names is None else names.get(node.address, "")
+        if names is None:
+            return True
+        expected = names.get(address)
+        if expected is None:
+            conn.refuse("unknown_address", f"no member name is known for {address} yet (its "
+                        f"certificate names {conn.peer_name!r}); closed until gossip names it",
+                        security=False)
+            return False
+        if conn.peer_name != expected:
+            conn.refuse("wrong_node", f"{address} must be {expected!r}, its certificate "
+                                      f"names {conn.peer_name!r}")
+            return False
+        return True
 
-    def _warn(self, key: str, msg: str, *args: object) -> None:
-        """A warning at most every LOG_EVERY seconds per ``key`` (the rest at debug): refused
-        peers retry, and scanners would flood the log."""
+    def _warn(self, key: str, msg: str, *args: object, level: int = logging.WARNING) -> None:
+        """A warning (or ``level``) at most every LOG_EVERY seconds per ``key`` (the rest at
+        debug): refused peers retry, and scanners would flood the log."""
         now = time.monotonic()
-        level = logging.DEBUG
         if now - self._last_warning.get(key, -LOG_EVERY) >= LOG_EVERY:
             self._last_warning[key] = now
-            level = logging.WARNING
+        else:
+            level = logging.DEBUG
         log.log(level, msg, *args)
+
+    def _count_deferral(self, conn: _Conn, reason: str, detail: str) -> None:
+        self.deferred[reason] += 1
+        self._warn(f"deferred:{reason}", "raft: closed %r, to be tried again: %s (%s)",
+                   conn, reason, detail, level=logging.INFO)
+        if self.tls.on_deferred is not None:
+            try:
+                self.tls.on_deferred(reason)
+            except Exception:  # noqa: BLE001 - metrics must not break the transport
+                log.exception("raft: on_deferred failed")
 
     def _count_refusal(self, conn: _Conn | None, reason: str, detail: str) -> None:
         self.refused[reason] += 1

@@ -28,8 +28,9 @@ from testbed.admin import admin_channel, dev_security, mint, start_admin
 class Server:
     """One admin server with a control plane that has no coordinators, plus identities."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, **authz: Any) -> None:
         self.tmp = tmp
+        self.authz = authz
 
     async def __aenter__(self) -> Server:
         self.swim = Swim(Config.local(), "a", ("127.0.0.1", 7000),
@@ -40,7 +41,7 @@ class Server:
         self.port = free_port()
         self.server = await start_admin(self.swim, lambda: 0.0,
                                         CoordinatePlane("a", place_of=lambda n: None), self.sec,
-                                        self.port, control=self.control)
+                                        self.port, control=self.control, **self.authz)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -64,9 +65,9 @@ class Server:
         return grpc.StatusCode.OK, ""
 
 
-def run(tmp: Path, body: Any) -> None:
+def run(tmp: Path, body: Any, **authz: Any) -> None:
     async def main() -> None:
-        async with Server(tmp) as srv:
+        async with Server(tmp, **authz) as srv:
             await body(srv)
     asyncio.run(main())
 
@@ -266,3 +267,324 @@ def test_a_coordinator_sitting_on_a_forwarded_write_is_picked_last(
         assert cp._pick_coordinator("placements") == ("c2", "127.0.0.3:9000")
     assert cp._waiting["c1"] == []
     assert cp._pick_coordinator("placements") == ("c1", "127.0.0.2:9000")  # it answered
+
+
+# --- forwarded writes carry their caller, whom the coordinator checks itself ------------------
+
+
+class OneVoterGroup:
+    """Stands in for a coordinator's Raft group: commits each command at once into a store
+    that feeds the node's copy, so the real ``Consensus.Propose`` handler can take writes."""
+
+    def __init__(self, control: ControlPlane, group: str = "policy") -> None:
+        from policy.store import PolicyStore
+        self.view = control.views[group]
+        self.store = PolicyStore(self.view.store.kinds)
+        self.commands: list[dict[str, Any]] = []
+
+    async def propose(self, command: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.commands.append(command)
+        result = self.store.apply(command)
+        for change in self.store.changes_since(self.view.version) or []:
+            self.view.apply(change)
+        return result
+
+
+class Entry:
+    """A second node, ``b``, with no Raft member: its admin API forwards every write to the
+    ``Server`` (node ``a``, the coordinator), as a GPU node's would.  Its RBAC policy may be
+    looser than the coordinator's (``policy_file``): the coordinator must not care."""
+
+    def __init__(self, srv: Server, monkeypatch: pytest.MonkeyPatch, **authz: Any) -> None:
+        import meshd.control.plane
+        from meshd.security.plane import Security
+
+        monkeypatch.setattr(meshd.control.plane, "READ_YOUR_WRITE_WAIT", 0.0)  # b's copy stays
+        self.srv = srv
+        self.sec = Security(srv.tmp / "b", "b", dev=True, ca_dir=srv.sec.ca_dir,
+                            trust_domain="mesh.test")  # the same CA as a
+        self.sec.prepare()
+        self.swim = Swim(Config.local(), "b", ("127.0.0.1", 7001),
+                         NodeMeta.build([], "", "", {}, {}), now=0.0)
+        self.control = ControlPlane("b", self.sec.dir, self.sec, coordinator=False)
+        self.control.attach(self.swim, None, "")
+        target = ("a", f"127.0.0.1:{srv.port}")
+        monkeypatch.setattr(self.control, "_pick_coordinator", lambda group: target)
+        self.authz = authz
+        self.port = free_port()
+
+    async def __aenter__(self) -> Entry:
+        self.server = await start_admin(self.swim, lambda: 0.0,
+                                        CoordinatePlane("b", place_of=lambda n: None), self.sec,
+                                        self.port, control=self.control, **self.authz)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.stop(0)
+
+    async def code(self, method: str, request: Any, ident: Identity,
+                   bearer: str = "") -> tuple[grpc.StatusCode, str]:
+        md = (("authorization", f"Bearer {bearer}"),) if bearer else None
+        try:
+            async with admin_channel(self.sec, self.port, ident) as ch:
+                await getattr(admin_pb2_grpc.AdminStub(ch), method)(request, metadata=md,
+                                                                    timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+        return grpc.StatusCode.OK, ""
+
+
+def _audit(srv: Server) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (srv.sec.dir / "audit.log").read_text().splitlines()]
+
+
+def _pem(ident: Identity) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+    return ident.cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _doc(name: str, rps: float = 1.0) -> str:
+    return json.dumps({"kind": "TenantQuota", "name": name,
+                       "spec": {"requests_per_second": rps}})
+
+
+def _put(name: str, author: str = "x") -> str:
+    return json.dumps({"op": "put", "doc": json.loads(_doc(name)), "if_version": None,
+                       "author": author, "at": 1.0})
+
+
+def _propose(srv: Server, ident: Identity, command: str, **fields: Any
+             ) -> Any:
+    return srv.code("Propose", admin_pb2.ProposeRequest(group="policy", command_json=command,
+                                                        **fields), ident, service="Consensus")
+
+
+def _own_flags(name: str, value: Any, if_version: int) -> str:
+    """The automatic quarantine (or its lift) the agent on ``name`` writes for itself."""
+    return json.dumps({"op": "patch", "kind": "NodeFlags", "name": name,
+                       "spec": {"quarantined": value}, "if_version": if_version,
+                       "author": f"meshd/{name} (health)", "at": 1.0})
+
+
+ADMIN = "spiffe://mesh.test/user/admin"
+AUTO = {"reason": "auto: ECC", "auto": True}
+
+
+def test_a_node_cannot_propose_a_policy_write_without_a_caller(tmp_path: Path) -> None:
+    """``Consensus.Propose`` called directly with a node certificate: a policy write with no
+    caller's credential is refused (PERMISSION_DENIED, counted, audited); nothing commits."""
+
+    async def body(srv: Server) -> None:
+        group = OneVoterGroup(srv.control)
+        srv.control.groups["policy"] = group  # type: ignore[assignment]
+        node = srv.mint("b", ["node"], kind="node")
+        code, msg = await _propose(srv, node, _put("sneaky"))
+        assert code is grpc.StatusCode.PERMISSION_DENIED, msg
+        assert "no caller's credential" in msg and "forwarded by b" in msg, msg
+        code, msg = await _propose(srv, node, json.dumps({
+            "op": "delete", "kind": "TenantQuota", "name": "x", "if_version": None,
+            "author": "x", "at": 1.0}), method="PolicyDelete")
+        assert code is grpc.StatusCode.PERMISSION_DENIED and "PolicyDelete" in msg, msg
+        assert group.commands == []
+        assert dict(srv.sec.refusals) == {("forwarded", "no_credential"): 2}
+        lines = _audit(srv)
+        denied = [x for x in lines if not x["allowed"]]  # the write, under its own method
+        assert [x["method"] for x in denied] == ["Propose", "PolicyDelete"], denied
+        calls = [x for x in lines if x["allowed"]]  # the node's call, admitted then aborted
+        assert [(x["method"], x["principal"], x["code"]) for x in calls] == [
+            ("Propose", "spiffe://mesh.test/node/b", "PERMISSION_DENIED")] * 2, calls
+
+    run(tmp_path, body)
+
+
+def test_a_forged_on_behalf_of_is_refused(tmp_path: Path) -> None:
+    """Naming an admin in ``on_behalf_of`` proves nothing: without the admin's credential, or
+    with someone else's (a viewer's certificate), or with a credential whose method does not
+    make this command (a Cordon that deletes a document), the write is refused and the
+    refusal names the claimed caller."""
+
+    async def body(srv: Server) -> None:
+        group = OneVoterGroup(srv.control)
+        srv.control.groups["policy"] = group  # type: ignore[assignment]
+        node = srv.mint("b", ["node"], kind="node")
+        viewer = srv.mint("vera", ["viewer"])
+        operator = srv.mint("carl", ["operator"])
+        code, msg = await _propose(srv, node, _put("forged"), on_behalf_of=ADMIN,
+                                   method="PolicyApply")
+        assert code is grpc.StatusCode.PERMISSION_DENIED, msg
+        assert ADMIN in msg and "PolicyApply" in msg, msg
+        code, msg = await _propose(srv, node, _put("forged2"), on_behalf_of=ADMIN,
+                                   method="PolicyApply", caller_certificate_pem=_pem(viewer))
+        assert code is grpc.StatusCode.PERMISSION_DENIED, msg
+        assert ADMIN in msg and "spiffe://mesh.test/user/vera" in msg, msg
+        code, msg = await _propose(srv, node, json.dumps({
+            "op": "delete", "kind": "TenantQuota", "name": "x", "if_version": None,
+            "author": "x", "at": 1.0}), method="Cordon", caller_certificate_pem=_pem(operator),
+            on_behalf_of="spiffe://mesh.test/user/carl")
+        assert code is grpc.StatusCode.PERMISSION_DENIED and "Cordon" in msg, msg
+        # The agent's own write may not claim a person either.
+        code, msg = await _propose(srv, node, _own_flags("b", AUTO, 0), on_behalf_of=ADMIN)
+        assert code is grpc.StatusCode.PERMISSION_DENIED and ADMIN in msg, msg
+        assert group.commands == []
+        assert dict(srv.sec.refusals) == {("forwarded", "no_credential"): 1,
+                                          ("forwarded", "forged_caller"): 2,
+                                          ("forwarded", "wrong_method"): 1}
+        denied = [x for x in _audit(srv) if not x["allowed"] and x["method"] != "Propose"]
+        assert any(x["method"] == "PolicyApply" and ADMIN in x["detail"] for x in denied)
+        assert any(x["method"] == "PolicyApply" and x["principal"] ==
+                   "spiffe://mesh.test/user/vera" for x in denied), denied
+
+    run(tmp_path, body)
+
+
+def test_the_agents_own_quarantine_is_a_node_write(tmp_path: Path) -> None:
+    """What a node's agent writes by itself needs no person: its automatic quarantine of
+    itself, and the lift, go through under its own name.  Another node's flags, a manual
+    quarantine, or replacing or lifting an operator's quarantine do not."""
+
+    async def body(srv: Server) -> None:
+        group = OneVoterGroup(srv.control)
+        srv.control.groups["policy"] = group  # type: ignore[assignment]
+        node = srv.mint("b", ["node"], kind="node")
+        code, msg = await _propose(srv, node, _own_flags("b", AUTO, 0))
+        assert code is grpc.StatusCode.OK, msg
+        stored = srv.control.views["policy"].store.get("NodeFlags", "b")
+        assert stored is not None and stored.author == "meshd/b (health) via b"
+        code, msg = await _propose(srv, node, _own_flags("b", None, stored.version))
+        assert code is grpc.StatusCode.OK, msg
+        code, msg = await _propose(srv, node, _own_flags("c", AUTO, 0))
+        assert code is grpc.StatusCode.PERMISSION_DENIED and "'c'" in msg, msg
+        code, msg = await _propose(srv, node, _own_flags("b", {"reason": "manual"}, 0))
+        assert code is grpc.StatusCode.PERMISSION_DENIED, msg
+        # An operator quarantined b: b's agent can neither lift nor replace that.
+        group.store.apply({"op": "patch", "kind": "NodeFlags", "name": "b", "if_version": None,
+                           "spec": {"quarantined": {"reason": "bad fan"}}, "author": "op",
+                           "at": 2.0})
+        for change in group.store.changes_since(group.view.version) or []:
+            group.view.apply(change)
+        stored = srv.control.views["policy"].store.get("NodeFlags", "b")
+        assert stored is not None
+        for value in (None, AUTO):
+            code, msg = await _propose(srv, node, _own_flags("b", value, stored.version))
+            assert code is grpc.StatusCode.PERMISSION_DENIED and "operator" in msg, msg
+        assert dict(srv.sec.refusals) == {("forwarded", "no_credential"): 4}
+
+    run(tmp_path, body)
+
+
+LOOSE = ('[roles]\nviewer = ["PolicyApply", "PolicyGet", "Cordon"]\n'
+         'operator = ["PolicyApply", "PolicyDelete", "Cordon"]\n')
+"""Node b's policy: viewers may write there.  The coordinator's (the default) is stricter."""
+
+
+def test_a_viewers_forwarded_write_is_refused_on_the_coordinator(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node b lets viewers write; a viewer's write it forwards is refused on the coordinator
+    (counted and audited there under the viewer's name; b's client is told who was refused
+    which method), and so is an operator whose certificate the coordinator has revoked and
+    b has not heard of yet: the coordinator checks the caller itself."""
+    loose = tmp_path / "loose.toml"
+    loose.write_text(LOOSE)
+
+    async def body(srv: Server) -> None:
+        group = OneVoterGroup(srv.control)
+        srv.control.groups["policy"] = group  # type: ignore[assignment]
+        async with Entry(srv, monkeypatch, policy_file=str(loose)) as b:
+            viewer = srv.mint("vera", ["viewer"])
+            code, msg = await b.code("PolicyApply", admin_pb2.PolicyApplyRequest(
+                text=_doc("from-viewer")), viewer)
+            assert code is grpc.StatusCode.PERMISSION_DENIED, msg
+            assert "PolicyApply" in msg and "spiffe://mesh.test/user/vera" in msg, msg
+            code, msg = await b.code("Cordon", admin_pb2.NodeFlagRequest(node="b"), viewer)
+            assert code is grpc.StatusCode.PERMISSION_DENIED and "Cordon" in msg, msg
+            from certs.spiffe import SpiffeId
+            rita = srv.mint("rita", ["operator"])
+            srv.sec.revoke(SpiffeId("mesh.test", "user", "rita"))
+            code, msg = await b.code("PolicyApply", admin_pb2.PolicyApplyRequest(
+                text=_doc("from-revoked")), rita)
+            assert code is grpc.StatusCode.PERMISSION_DENIED and "revoked" in msg, msg
+            assert "spiffe://mesh.test/user/rita" in msg, msg
+        assert group.commands == []
+        assert dict(srv.sec.refusals) == {("forwarded", "permission_denied"): 2,
+                                          ("forwarded", "revoked"): 1}
+        lines = _audit(srv)
+        assert any(x["method"] == "PolicyApply" and not x["allowed"]
+                   and x["principal"] == "spiffe://mesh.test/user/vera" for x in lines), lines
+        assert any(x["method"] == "Cordon" and not x["allowed"]
+                   and x["principal"] == "spiffe://mesh.test/user/vera" for x in lines), lines
+
+    run(tmp_path, body)
+
+
+def test_an_operators_forwarded_write_is_theirs(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator's write through b commits, authored by the operator, and the coordinator's
+    audit log records the operator (verified there), not only the forwarding node."""
+    loose = tmp_path / "loose.toml"
+    loose.write_text(LOOSE)
+
+    async def body(srv: Server) -> None:
+        group = OneVoterGroup(srv.control)
+        srv.control.groups["policy"] = group  # type: ignore[assignment]
+        async with Entry(srv, monkeypatch, policy_file=str(loose)) as b:
+            operator = srv.mint("olga", ["operator"])
+            code, msg = await b.code("PolicyApply", admin_pb2.PolicyApplyRequest(
+                text=_doc("from-operator")), operator)
+            assert code is grpc.StatusCode.OK, msg
+            code, msg = await b.code("Cordon", admin_pb2.NodeFlagRequest(node="b"), operator)
+            assert code is grpc.StatusCode.OK, msg
+        store = srv.control.views["policy"].store
+        for kind, name in (("TenantQuota", "from-operator"), ("NodeFlags", "b")):
+            stored = store.get(kind, name)
+            assert stored is not None and stored.author == "spiffe://mesh.test/user/olga via b"
+        assert not srv.sec.refusals
+        allowed = {x["method"] for x in _audit(srv) if x["allowed"]
+                   and x["principal"] == "spiffe://mesh.test/user/olga"
+                   and x["detail"] == "forwarded by b"}
+        assert allowed == {"PolicyApply", "Cordon"}
+
+    run(tmp_path, body)
+
+
+def test_a_forwarded_bearer_token_is_verified_on_the_coordinator(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """People with bearer tokens: the token goes along and the coordinator verifies it with
+    its own keys; a viewer's token is refused there, an operator's write is theirs."""
+    import time
+
+    import jwt
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    idp = ec.generate_private_key(ec.SECP256R1())
+    pub = tmp_path / "idp.pem"
+    pub.write_bytes(idp.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    issuer = "https://idp.test"
+    loose = tmp_path / "loose.toml"
+    loose.write_text('[roles]\nviewer = ["PolicyApply"]\noperator = ["PolicyApply"]\n')
+
+    def token(sub: str, roles: list[str]) -> str:
+        return jwt.encode({"iss": issuer, "aud": "meshd", "sub": sub, "roles": roles,
+                           "exp": time.time() + 300}, idp, algorithm="ES256")
+
+    async def body(srv: Server) -> None:
+        srv.control.groups["policy"] = OneVoterGroup(srv.control)  # type: ignore[assignment]
+        async with Entry(srv, monkeypatch, policy_file=str(loose), jwt_key=str(pub),
+                         jwt_issuer=issuer) as b:
+            tls_only = srv.mint("n9", ["node"], kind="node")  # the certificate meshctl shows
+            code, msg = await b.code("PolicyApply", admin_pb2.PolicyApplyRequest(
+                text=_doc("by-bob")), tls_only, bearer=token("bob", ["viewer"]))
+            assert code is grpc.StatusCode.PERMISSION_DENIED, msg
+            assert "PolicyApply" in msg and f"jwt:{issuer}/bob" in msg, msg
+            code, msg = await b.code("PolicyApply", admin_pb2.PolicyApplyRequest(
+                text=_doc("by-alice")), tls_only, bearer=token("alice", ["operator"]))
+            assert code is grpc.StatusCode.OK, msg
+            stored = srv.control.views["policy"].store.get("TenantQuota", "by-alice")
+            assert stored is not None and stored.author == f"jwt:{issuer}/alice via b"
+            assert srv.control.views["policy"].store.get("TenantQuota", "by-bob") is None
+        assert dict(srv.sec.refusals)[("forwarded", "permission_denied")] == 1
+        text = (srv.sec.dir / "audit.log").read_text()
+        assert "eyJ" not in text  # no token in the coordinator's audit log either
+
+    run(tmp_path, body, jwt_key=str(pub), jwt_issuer=issuer)

@@ -533,6 +533,115 @@ def test_outgoing_connection_checks_the_server(pki: Pki, identity: str, reason: 
     assert all(data == b"" for data in fake.received), "the node sent bytes to a refused server"
 
 
+# --- a restart is not an attack: what is deferred, and what is still refused ----------------
+
+@pytest.fixture
+def restarted(pki: Pki) -> Iterator[tuple[LocalNode, dict[str, str]]]:
+    """A node as a coordinator restarted from its saved configuration finds itself: Raft runs,
+    but gossip has not yet named the member at N2 (its ``node_names`` has only itself)."""
+    (port,) = free_ports(1)
+    addr = f"127.0.0.1:{port}"
+    names = {addr: "n1"}
+    obj, transport, verifier, refusals, received = _start_node(pki, addr, [N2], names)
+    try:
+        obj.waitBinded()
+        yield LocalNode(obj, transport, port, verifier, received, refusals), names
+    finally:
+        obj.destroy_synchronous()
+
+
+def test_a_member_gossip_has_not_named_yet_is_deferred_not_refused(
+        restarted: tuple[LocalNode, dict[str, str]], pki: Pki) -> None:
+    """Right after a restart the member at N2 dials in before gossip says who N2 is: the
+    connection is closed and counted as ``unknown_address`` (no security refusal, nothing
+    delivered).  Once gossip names N2 the member gets in, and another node's certificate at
+    that address is refused as ``wrong_node``, as always."""
+    local, names = restarted
+    sock = tls_client(local.port, pki.client("n2"))
+    assert sock is not None
+    with sock:
+        sock.sendall(frame(HELLO + N2.encode()) + frame(pickle.dumps(PROBE)))
+        closed, data = read_until_closed(sock)
+        assert closed and ACK not in data
+    wait_for(lambda: local.transport.deferred, 3, "the deferral to be counted")
+    assert local.transport.deferred == {"unknown_address": 1}
+    assert local.refusals == [] and local.transport.refused == {}
+    assert local.received == [] and local.transport.connected_nodes == frozenset()
+
+    names[N2] = "n2"  # gossip caught up
+    assert_control_delivers(local, pki)
+    sock = tls_client(local.port, pki.client("n3"))  # n3 claims n2's address
+    assert sock is not None
+    with sock:
+        sock.sendall(frame(HELLO + N2.encode()))
+        assert read_until_closed(sock)[0]
+    wait_for(lambda: local.refusals, 3, "the refusal to be reported")
+    assert local.refusals == ["wrong_node"] and local.transport.refused == {"wrong_node": 1}
+    assert local.transport.deferred == {"unknown_address": 1}
+
+
+def test_dialling_a_member_gossip_has_not_named_yet_waits_for_its_name(pki: Pki) -> None:
+    """Our own dial to a member address gossip has not named yet: closed after the handshake,
+    before our hello, as a deferral (not ``wrong_node``); redialled once it is named."""
+    low, high = sorted(f"127.0.0.1:{p}" for p in free_ports(2))  # the higher address dials
+    fake = FakeMember(int(low.rsplit(":", 1)[1]), pki.dirs["n2"], pki)
+    names = {high: "n1"}
+    obj, transport, _, refusals, received = _start_node(pki, high, [low], names)
+    try:
+        wait_for(lambda: transport.deferred["unknown_address"] >= 1, 5, "a deferral")
+        assert refusals == [] and transport.refused == {}
+        assert all(HELLO not in data for data in fake.received)
+        names[low] = "n2"
+        wait_for(lambda: any(HELLO in data for data in fake.received), 10,
+                 "the node's hello once gossip named the member")
+        assert refusals == [] and received == []
+    finally:
+        obj.destroy_synchronous()
+        fake.close()
+
+
+class HangUp:
+    """A member going down: it accepts connections and closes them before any TLS."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.sock.settimeout(0.1)
+        self.accepted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                raw, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            raw.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def test_a_member_hanging_up_mid_handshake_is_no_refusal(pki: Pki) -> None:
+    """A peer that dies (or restarts) while we dial it ends our handshake with end of stream:
+    ``peer_closed``, counted apart, not a ``tls_handshake`` refusal.  (A client that does the
+    same to our listening port is still one: that is how scanners look.)"""
+    low, high = sorted(f"127.0.0.1:{p}" for p in free_ports(2))
+    dying = HangUp(int(low.rsplit(":", 1)[1]))
+    obj, transport, _, refusals, _ = _start_node(pki, high, [low], {high: "n1", low: "n2"})
+    try:
+        wait_for(lambda: transport.deferred["peer_closed"] >= 1, 5, "a hang-up to be counted")
+        assert refusals == [] and transport.refused == {}
+        assert set(transport.deferred) == {"peer_closed"}
+    finally:
+        obj.destroy_synchronous()
+        dying.close()
+
+
 # --- API edges ------------------------------------------------------------------------------
 
 def test_unbound_class_and_readonly_nodes_are_refused(pki: Pki) -> None:

@@ -5,6 +5,11 @@ interceptor wraps each unary handler so that, inside the call, the caller's cert
 from ``context.auth_context()``, checked by the mesh verifier (trust domain, revocation), an
 optional ``authorization: Bearer <JWT>`` names a person instead, the policy decides, and the
 decision is written to the audit log.  Handlers read the caller from :data:`CALLER`.
+
+A write that a node forwards to a coordinator (``Consensus.Propose``) carries the credential
+its caller presented (:data:`CREDENTIAL` on the entry node); the coordinator checks that caller
+again with :meth:`Authorizer.forwarded`, with the same verifier, JWT keys, policy and audit
+log (:data:`AUTHORIZER`), so a node certificate alone cannot write what only people may.
 """
 
 from __future__ import annotations
@@ -18,8 +23,20 @@ import grpc
 
 from certs.verify import PeerRejected, PeerVerifier
 from meshd.admin.rbac import AuditLog, AuthError, JwtVerifier, Policy, Principal
+from meshd.control.plane import Credential
 
 CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("caller", default=None)
+CREDENTIAL: contextvars.ContextVar[Credential | None] = contextvars.ContextVar(
+    "credential", default=None)
+"""What the current caller presented (certificate, bearer token) and for which method: a write
+forwarded to a coordinator carries it, so the coordinator can verify the caller itself."""
+AUTHORIZER: contextvars.ContextVar[Authorizer | None] = contextvars.ContextVar(
+    "authorizer", default=None)
+"""The authorizer that admitted the current call, for handlers that must judge a second
+principal the same way (the original caller of a forwarded write)."""
+
+FORWARDED = "forwarded"
+"""The refusal channel of forwarded writes whose original caller the coordinator refused."""
 
 
 class Authorizer:
@@ -35,36 +52,95 @@ class Authorizer:
         """(channel, reason, detail): counts and logs a refusal."""
 
     def authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
-        """The caller, or raises (UNAUTHENTICATED, message) as a ``_Refused``."""
-        auth = context.auth_context()
-        pems = auth.get("x509_pem_cert") or []
+        """The caller, or raises (UNAUTHENTICATED, message) as a ``Refused``."""
+        return self.identify(_certificate(context), _bearer(context))
+
+    def identify(self, certificate_pem: bytes | None, bearer: str | None,
+                 channel: str = "admin") -> Principal:
+        """Who a client certificate (PEM) and optional bearer token name; refusals are counted
+        under ``channel`` and raised as (UNAUTHENTICATED, message) ``Refused``."""
         try:
-            peer = self.verifier.verify_pem(pems[0] if pems else None)
+            peer = self.verifier.verify_pem(certificate_pem)
         except PeerRejected as exc:
-            self.refuse("admin", exc.reason, str(exc))
-            raise _Refused(grpc.StatusCode.UNAUTHENTICATED,
-                           f"client certificate refused: {exc}") from None
-        bearer = _bearer(context)
+            self.refuse(channel, exc.reason, str(exc))
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED,
+                          f"client certificate refused: {exc}") from None
         if bearer is None:
             return Principal(peer.spiffe_id.kind, peer.spiffe_id.name, peer.roles,
                              spiffe_id=str(peer.spiffe_id))
         if self.jwt is None:
-            self.refuse("admin", "jwt_not_configured", "bearer token sent; none configured")
-            raise _Refused(grpc.StatusCode.UNAUTHENTICATED,
-                           "bearer tokens are not accepted by this node (no --jwt-jwks or "
-                           "--jwt-key configured)")
+            self.refuse(channel, "jwt_not_configured", "bearer token sent; none configured")
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED,
+                          "bearer tokens are not accepted by this node (no --jwt-jwks or "
+                          "--jwt-key configured)")
         try:
             return self.jwt.verify(bearer)
         except AuthError as exc:
-            self.refuse("admin", f"jwt_{exc.reason}", str(exc))
-            raise _Refused(grpc.StatusCode.UNAUTHENTICATED, f"bearer token refused: {exc}"
-                           ) from None
+            self.refuse(channel, f"jwt_{exc.reason}", str(exc))
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"bearer token refused: {exc}"
+                          ) from None
+
+    def forwarded(self, credential: Credential, *, claimed: str, via: str, peer: str,
+                  misfit: str = "") -> Principal:
+        """The original caller of a write node ``via`` forwarded, checked here as if they had
+        called this node: their certificate (chain, trust domain, revocation) or bearer token,
+        then this node's policy for ``credential.method``; ``misfit`` says why the command is
+        not what that method writes ("" when it is).
+
+        Every refusal is counted (channel :data:`FORWARDED`), audited under the original
+        method and caller, and raised as :class:`Refused` (PERMISSION_DENIED naming both):
+        the entry node's client is told who was refused what, not that a node was.
+        """
+        method = credential.method or "Propose"
+        try:
+            principal = self.identify(credential.certificate_pem or None,
+                                      credential.bearer or None, FORWARDED)
+        except Refused as exc:
+            raise self.refuse_forwarded(
+                method, None, peer, f"{method} (forwarded by {via}) on behalf of "
+                f"{claimed or '?'}: the caller's credential is refused here: {exc}") from None
+        if claimed and claimed != principal.label:
+            raise self.refuse_forwarded(
+                method, principal, peer, f"{method} (forwarded by {via}): it names "
+                f"{claimed} as the caller but carries the credential of {principal.label}",
+                "forged_caller")
+        if not self.policy.allows(principal, method):
+            need = ", ".join(self.policy.roles_for(method)) or "none"
+            raise self.refuse_forwarded(
+                method, principal, peer, f"{method} (forwarded by {via}): permission denied "
+                f"for {principal.label} (roles: {', '.join(sorted(principal.roles)) or 'none'}"
+                f"; requires one of: {need})", "permission_denied")
+        if misfit:
+            raise self.refuse_forwarded(
+                method, principal, peer, f"{method} (forwarded by {via}) for "
+                f"{principal.label}: {misfit}", "wrong_method")
+        self.audit.record(method=method, principal=principal, allowed=True, code="OK",
+                          peer=peer, detail=f"forwarded by {via}")
+        return principal
+
+    def refuse_forwarded(self, method: str, principal: Principal | None, peer: str,
+                         message: str, reason: str = "") -> Refused:
+        """Count (when ``reason`` is given: a credential refused by :meth:`identify` is counted
+        already) and audit a refused forwarded write; the error to raise."""
+        if reason:
+            self.refuse(FORWARDED, reason, message)
+        self.audit.record(method=method, principal=principal, allowed=False,
+                          code="PERMISSION_DENIED", peer=peer, detail=message)
+        return Refused(grpc.StatusCode.PERMISSION_DENIED, message)
 
 
-class _Refused(Exception):
+class Refused(Exception):
+    """A call (or a forwarded write) refused: the gRPC code and message to abort with."""
+
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def _certificate(context: grpc.aio.ServicerContext) -> bytes | None:
+    """The client's leaf certificate (PEM) from the TLS handshake."""
+    pems = context.auth_context().get("x509_pem_cert") or []
+    return pems[0] if pems else None
 
 
 def _bearer(context: grpc.aio.ServicerContext) -> str | None:
@@ -144,8 +220,12 @@ class AuthzInterceptor(grpc.aio.ServerInterceptor):
 @contextlib.contextmanager
 def _acting(authz: Authorizer, method: str, principal: Principal, peer: str,
             context: grpc.aio.ServicerContext) -> Iterator[None]:
-    """Run an admitted call as ``principal`` (:data:`CALLER`) and audit how it ended."""
+    """Run an admitted call as ``principal`` (:data:`CALLER`, with what it presented in
+    :data:`CREDENTIAL` and this authorizer in :data:`AUTHORIZER`) and audit how it ended."""
     token = CALLER.set(principal)
+    presented = CREDENTIAL.set(Credential(method, _certificate(context) or b"",
+                                          _bearer(context) or ""))
+    judge = AUTHORIZER.set(authz)
     code = "OK"
     try:
         yield
@@ -153,6 +233,8 @@ def _acting(authz: Authorizer, method: str, principal: Principal, peer: str,
         code = _code_of(context)
         raise
     finally:
+        AUTHORIZER.reset(judge)
+        CREDENTIAL.reset(presented)
         CALLER.reset(token)
         authz.audit.record(method=method, principal=principal, allowed=True, code=code,
                            peer=peer)
@@ -169,7 +251,7 @@ async def _admit(authz: Authorizer, method: str, context: grpc.aio.ServicerConte
     peer = _peer(context)
     try:
         principal = authz.authenticate(context)
-    except _Refused as exc:
+    except Refused as exc:
         authz.audit.record(method=method, principal=None, allowed=False,
                            code=exc.code.name, peer=peer, detail=str(exc))
         await context.abort(exc.code, str(exc))

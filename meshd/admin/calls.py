@@ -8,8 +8,8 @@ from typing import Any
 import grpc
 
 from consensus.group import ConsensusError
-from meshd.admin.authz import CALLER
-from meshd.control.plane import ControlPlane
+from meshd.admin.authz import CALLER, CREDENTIAL
+from meshd.control.plane import ControlPlane, Credential
 
 DEFAULT_TIMEOUT = 5.0
 MAX_TIMEOUT = 60.0
@@ -42,11 +42,18 @@ async def timeout(value: float, context: grpc.aio.ServicerContext) -> float:
     return value or DEFAULT_TIMEOUT
 
 
+def credential(command: dict[str, Any]) -> Credential | None:
+    """What the caller presented, for a coordinator to check again if the write is forwarded.
+    Reads (``PolicyGet --consistent``) change nothing and are judged as the node's own: their
+    caller's credential stays here."""
+    return None if command.get("op") == "read" else CREDENTIAL.get()
+
+
 async def commit(control: ControlPlane, context: grpc.aio.ServicerContext, group: str,
                  command: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Commit ``command`` or abort the call with the code that says what happened."""
     try:
-        result = await control.write(group, command, timeout, caller())
+        result = await control.write(group, command, timeout, caller(), credential(command))
     except ConsensusError as exc:
         await context.abort(CONSENSUS_CODES.get(exc.code, grpc.StatusCode.UNAVAILABLE),
                             str(exc))

@@ -8,6 +8,10 @@ failures map to gRPC codes that say whether a retry is safe:
 - UNAVAILABLE: not applied (no quorum, no leader); retry later.
 - DEADLINE_EXCEEDED: the outcome is unknown (timed out, or the leader changed under it).
 - ABORTED: ``if_version`` did not match (re-read and retry); NOT_FOUND: nothing to delete.
+
+A write that enters at a node without a Raft member is forwarded to a coordinator with
+``Consensus.Propose``, carrying its caller's credential; the coordinator verifies that caller
+itself and applies its own RBAC policy (:meth:`ConsensusService.Propose`).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import grpc
 
 from consensus.group import GROUPS, ConsensusError
 from meshd.admin import calls
-from meshd.admin.authz import CALLER
-from meshd.control.plane import FOLLOW_HEARTBEAT, ControlPlane, status_pb
+from meshd.admin.authz import AUTHORIZER, CALLER, Refused
+from meshd.control.plane import FOLLOW_HEARTBEAT, ControlPlane, Credential, status_pb
+from meshd.train.board import LEASE_OPS
 from policy.document import parse_documents
 from policy.errors import PolicyError
 from policy.model import KINDS, validate_key
@@ -31,6 +36,39 @@ from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
 DEFAULT_DRAIN = 300.0
 EVENT_WAIT = 1.0
+OWN_WRITE_WAIT = 1.0
+"""How long a coordinator waits for its copy to reach the version a node's own quarantine
+write was decided on, before it can tell whether an operator's quarantine is in the way."""
+
+FLAG_FIELDS = {"Cordon": frozenset({"cordoned"}), "Uncordon": frozenset({"cordoned", "draining"}),
+               "Drain": frozenset({"draining"}), "Quarantine": frozenset({"quarantined"})}
+DOCUMENT_OPS = {"PolicyApply": "put", "PolicyDelete": "delete"}
+JOB_OPS = {"SubmitJob": "submit", "CancelJob": "cancel"}
+"""The admin methods that write, by the command each one makes (``NodeFlags`` patches of
+these fields, documents, jobs): a forwarded write must be what its method makes."""
+NODE_OPS = ("read", "noop")
+"""Commands that change nothing: any node may forward them (nodes read every policy anyway)."""
+
+
+def fits(method: str, group: str, command: dict[str, Any]) -> bool:
+    """Whether ``command`` is what admin method ``method`` writes, as the handlers here and in
+    :mod:`meshd.admin.jobs` build it.  RBAC grants methods, so a forwarded write must not pass
+    off one method's command as another's (a Cordon carrying a quarantine, say)."""
+    op = command.get("op")
+    if method in FLAG_FIELDS:
+        spec = command.get("spec")
+        return (group == "policy" and op == "patch" and command.get("kind") == "NodeFlags"
+                and isinstance(spec, dict) and bool(spec) and set(spec) <= FLAG_FIELDS[method])
+    if method in DOCUMENT_OPS:
+        return op == DOCUMENT_OPS[method]
+    if method in JOB_OPS:
+        return group == "placements" and op == JOB_OPS[method]
+    return False
+
+
+def node_author(text: str, node: str) -> bool:
+    """Whether ``text`` names the agent on ``node`` itself (``meshd/<node> (scheduler)``...)."""
+    return text == f"meshd/{node}" or text.startswith(f"meshd/{node} ")
 
 
 def change_event(group: str, change: Change) -> admin_pb2.Event:
@@ -220,7 +258,12 @@ class PolicyAdmin:
 
 
 class ConsensusService(admin_pb2_grpc.ConsensusServicer):
-    """Node-to-node: forwarded writes, log following, status.  Only node certificates."""
+    """Node-to-node: forwarded writes, log following, status.  Only node certificates.
+
+    A node certificate is enough to follow the log and to forward the agent's own writes, but
+    not to write for a person: a forwarded admin write carries its caller's credential, which
+    the coordinator verifies and judges by its own policy (:meth:`_authorize`).
+    """
 
     def __init__(self, control: ControlPlane) -> None:
         self.control = control
@@ -257,8 +300,11 @@ class ConsensusService(admin_pb2_grpc.ConsensusServicer):
         if not isinstance(command, dict):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "command_json: must be a JSON object")
+        try:
+            who = await self._authorize(request, group, command, via, context)
+        except Refused as exc:
+            await context.abort(exc.code, str(exc))
         if "author" in command:
-            who = request.on_behalf_of or "?"
             command["author"] = f"{who} via {via}"[:256]
         timeout = await calls.timeout(request.timeout_seconds, context)
         try:
@@ -267,6 +313,97 @@ class ConsensusService(admin_pb2_grpc.ConsensusServicer):
             await context.abort(calls.CONSENSUS_CODES.get(exc.code, grpc.StatusCode.UNAVAILABLE),
                                 str(exc))
         return admin_pb2.ProposeResponse(result_json=json.dumps(result))
+
+    async def _authorize(self, request: admin_pb2.ProposeRequest, group: str,
+                         command: dict[str, Any], via: str,
+                         context: grpc.aio.ServicerContext) -> str:
+        """Who the forwarded ``command`` is written for (its author), or raises
+        :class:`Refused`.
+
+        - With a caller's credential: that caller, verified here and allowed ``method`` by this
+          node's policy, and the command must be what ``method`` writes.
+        - Without one: only what the agent on ``via`` writes by itself (reads, training leases,
+          its own automatic quarantine), under its own name: a node must not write what no
+          verified person asked for, nor claim (``on_behalf_of``) that one did.
+        """
+        claimed = request.on_behalf_of
+        if command.get("op") in NODE_OPS:
+            return claimed or f"meshd/{via}"
+        authz = AUTHORIZER.get()
+        peer = _peer(context)
+        method = request.method
+        if request.caller_certificate_pem or request.caller_bearer:
+            if authz is None:  # not behind the interceptor: nobody here can verify a caller
+                raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+                              f"{method or 'Propose'} (forwarded by {via}): callers cannot be "
+                              "verified on this server")
+            credential = Credential(method, bytes(request.caller_certificate_pem),
+                                    request.caller_bearer)
+            misfit = ("" if fits(method, group, command) else
+                      f"a {command.get('op')!r} command in group {group} is not what "
+                      f"{method or 'an unnamed method'} writes")
+            principal = authz.forwarded(credential, claimed=claimed, via=via, peer=peer,
+                                        misfit=misfit)
+            return principal.label
+        why = await self._not_own(group, command, via)
+        if not why and claimed and not node_author(claimed, via):
+            why = (f"it names {claimed} as the caller but carries no credential of theirs "
+                   "(only the caller's certificate or bearer token proves who asked)")
+            reason = "forged_caller"
+        else:
+            reason = "no_credential"
+        if why:
+            message = (f"{method or 'Propose'} (forwarded by {via}) on behalf of "
+                       f"{claimed or 'nobody named'}: permission denied: {why}")
+            if authz is None:
+                raise Refused(grpc.StatusCode.PERMISSION_DENIED, message)
+            raise authz.refuse_forwarded(method or "Propose", None, peer, message, reason)
+        if claimed:
+            return claimed
+        author = command.get("author")
+        return author if isinstance(author, str) and node_author(author, via) else f"meshd/{via}"
+
+    async def _not_own(self, group: str, command: dict[str, Any], via: str) -> str:
+        """"" when ``command`` is one the agent on node ``via`` makes by itself; else why not.
+
+        Those are the training scheduler's and trainers' lease commands, and the automatic
+        quarantine of ``via`` itself (set with ``auto: true``, or lifted) as long as it does not
+        replace or lift an operator's quarantine.
+        """
+        op = command.get("op")
+        if group == "placements" and op in LEASE_OPS:
+            return ""
+        if not (group == "policy" and op == "patch" and command.get("kind") == "NodeFlags"):
+            return (f"a {op!r} command in group {group} is a person's write and comes with no "
+                    "caller's credential")
+        spec = command.get("spec")
+        if not isinstance(spec, dict) or set(spec) != {"quarantined"}:
+            return ("only an automatic quarantine is a node's own flag write; this one comes "
+                    "with no caller's credential")
+        if command.get("name") != via:
+            return f"a node quarantines only itself, not {command.get('name')!r}"
+        value = spec["quarantined"]
+        if value is not None and not (isinstance(value, dict) and value.get("auto") is True):
+            return "a quarantine a node sets on itself is automatic (auto: true)"
+        if_version = command.get("if_version")
+        if not isinstance(if_version, int) or isinstance(if_version, bool) or if_version < 0:
+            return "a node's own quarantine write needs if_version"
+        view = self.control.views["policy"]
+        deadline = time.monotonic() + OWN_WRITE_WAIT
+        while view.version < if_version and (left := deadline - time.monotonic()) > 0:
+            await view.wait_beyond(view.version, left)
+        if view.version < if_version:  # not a refusal: this copy is behind; retry later
+            raise Refused(grpc.StatusCode.UNAVAILABLE,
+                          f"no quorum reachable through {self.control.node} yet: its copy of "
+                          f"group policy is at version {view.version}, the write at "
+                          f"{if_version}; retry")
+        stored = view.store.get("NodeFlags", via)
+        if stored is None or stored.version != if_version:
+            return ""  # not the flags it was decided on: the store refuses it as a conflict
+        current = stored.document.spec.get("quarantined")
+        if isinstance(current, dict) and not current.get("auto"):
+            return "an operator's quarantine stays until a person lifts it"
+        return ""
 
     async def Follow(self, request: admin_pb2.FollowRequest,  # noqa: N802
                      context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.FollowMessage]:
@@ -295,6 +432,13 @@ class ConsensusService(admin_pb2_grpc.ConsensusServicer):
         for group, view in self.control.views.items():
             out.local_versions[group] = view.version
         return out
+
+
+def _peer(context: grpc.aio.ServicerContext) -> str:
+    try:
+        return str(context.peer())
+    except Exception:  # noqa: BLE001 - best effort, for the audit log only
+        return ""
 
 
 NODE_ONLY = ("Propose", "Follow", "Status")

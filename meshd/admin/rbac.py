@@ -182,8 +182,10 @@ class Policy:
         """The built-in policy: viewers and nodes read, operators also operate, admins do all.
 
         Nodes get the read-only methods plus ``node_only`` (the Consensus service: following
-        the log and forwarding writes that their own admin API already authorized).  A stolen
-        node certificate can therefore forward policy writes; revoke it (``meshctl revoke``).
+        the log and forwarding writes).  A forwarded write a person made is judged again by
+        the coordinator, on the person's own credential and for the method they called (see
+        :meth:`meshd.admin.authz.Authorizer.forwarded`), so a node certificate alone writes
+        only what the agent writes by itself (training leases, its own automatic quarantine).
         """
         ro = frozenset(read_only)
         ops = frozenset(operational)

@@ -23,10 +23,11 @@ import contextlib
 import json
 import logging
 import shutil
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,28 @@ def decode_section(raw: bytes) -> dict[str, tuple[str, int, tuple[str, ...]]]:
 
 
 @dataclass(frozen=True)
+class Credential:
+    """How the caller of an admin write proved who they are, exactly as this node received it.
+
+    A write forwarded to a coordinator carries it so the coordinator verifies the caller itself
+    (certificate chain and revocation, or the bearer token) and applies its RBAC policy for
+    ``method``, instead of taking the forwarding node's word: otherwise any node certificate
+    could write policies by calling ``Consensus.Propose`` directly.  Only writes a person made
+    have one; the agent's own writes (scheduler, leases, automatic quarantine) have none.
+    """
+
+    method: str
+    """The admin method the write came from (RBAC is per method)."""
+    certificate_pem: bytes
+    """The client certificate from the TLS handshake (gRPC's ``x509_pem_cert``)."""
+    bearer: str = ""
+    """The ``authorization: Bearer`` token, when the caller sent one (it names the caller)."""
+
+    def __repr__(self) -> str:  # never print a token, even in a traceback
+        return f"Credential(method={self.method!r}, bearer={'yes' if self.bearer else 'no'})"
+
+
+@dataclass(frozen=True)
 class GroupStore:
     """The state machine of one Raft group: its store, and the commands the coordinator
     stamps with its clock before proposing (the store's ``apply`` stays a pure function)."""
@@ -150,6 +173,12 @@ class ControlPlane:
         """(group, "local"|"forwarded", outcome, seconds) for every write (metrics)."""
         self.forwarded: Counter[str] = Counter()
         self.follow_errors: Counter[str] = Counter()
+        self.raft_deferred: Counter[str] = Counter()
+        """Raft connections closed for no security reason, by label
+        (:data:`consensus.transport.DEFERRED_REASONS`: the peer's address not yet named by
+        gossip after a restart, a peer hanging up mid-handshake).  Refusals go to
+        ``security.refusals`` instead; these are what every restart brings."""
+        self._deferred_lock = threading.Lock()  # SyncObj's tick threads count into it
         self._candidates: dict[str, tuple[frozenset[str], float]] = {}
         self._followers: dict[str, asyncio.Task[None]] = {}
         self._heard: dict[str, float] = {}  # group -> when its Follow stream last spoke
@@ -311,8 +340,9 @@ class ControlPlane:
 
         address = self.address(group)
         bind = f"{self.raft_bind}:{address.rsplit(':', 1)[1]}" if self.raft_bind else None
+        tls = replace(self.security.raft_tls(self.node_names), on_deferred=self._raft_deferred)
         grp = RaftGroup(group, address=address, partners=members,
-                        data_dir=self.raft_dir, tls=self.security.raft_tls(self.node_names),
+                        data_dir=self.raft_dir, tls=tls,
                         kinds=kinds_of(group), timing=self.timing, bind=bind,
                         on_change=on_change, on_reset=on_reset,
                         store_class=self.stores[group].store_class,
@@ -331,6 +361,10 @@ class ControlPlane:
                                               "address": address, "members": list(members),
                                               "detail": why})
         self.changed()
+
+    def _raft_deferred(self, reason: str) -> None:
+        with self._deferred_lock:
+            self.raft_deferred[reason] += 1
 
     async def _change_member(self, grp: RaftGroup, op: str, address: str) -> None:
         self._changing.add(grp.name)
@@ -492,9 +526,13 @@ class ControlPlane:
     # --- writes and reads -------------------------------------------------------------------
 
     async def write(self, group: str, command: dict[str, Any], timeout: float,
-                    caller: str = "") -> dict[str, Any]:
+                    caller: str = "", credential: Credential | None = None) -> dict[str, Any]:
         """Commit ``command`` in ``group`` from this node; waits until this node's copy shows
-        the result (read-your-writes).  Raises :class:`ConsensusError`."""
+        the result (read-your-writes).  Raises :class:`ConsensusError`.
+
+        ``credential``: how the person behind the write authenticated (admin writes), passed on
+        when the write is forwarded so the coordinator can check them itself; None for the
+        agent's own writes.  A Raft member proposes locally: it already checked the caller."""
         grp = self.groups.get(group)
         path = "local" if grp is not None else "forwarded"
         start = time.perf_counter()
@@ -502,7 +540,7 @@ class ControlPlane:
             if grp is not None:
                 result = await grp.propose(command, timeout)
             else:
-                result = await self._forward(group, command, timeout, caller)
+                result = await self._forward(group, command, timeout, caller, credential)
         except ConsensusError as exc:
             self.on_write(group, path, exc.code, time.perf_counter() - start)
             raise
@@ -517,7 +555,8 @@ class ControlPlane:
         return result
 
     async def _forward(self, group: str, command: dict[str, Any], timeout: float,
-                       caller: str, retry: bool = True) -> dict[str, Any]:
+                       caller: str, credential: Credential | None,
+                       retry: bool = True) -> dict[str, Any]:
         picked = self._pick_coordinator(group) if self.swim is not None else None
         if picked is None:
             raise ConsensusError("no_leader", f"no quorum in raft group {group}: no "
@@ -525,24 +564,29 @@ class ControlPlane:
         name, target = picked
         self.forwarded[group] += 1
         if not await self._connected(name, target, min(CONNECT_DEADLINE, timeout / 2)):
-            return await self._unreachable(group, command, timeout, caller, retry, name,
-                                           f"no connection within {CONNECT_DEADLINE:g} s")
+            return await self._unreachable(group, command, timeout, caller, credential, retry,
+                                           name, f"no connection within {CONNECT_DEADLINE:g} s")
+        request = admin_pb2.ProposeRequest(group=group, command_json=json.dumps(command),
+                                           timeout_seconds=timeout, on_behalf_of=caller)
+        if credential is not None:
+            request.method = credential.method
+            request.caller_certificate_pem = credential.certificate_pem
+            request.caller_bearer = credential.bearer
         try:
             with self._waiting_on(name):
-                reply = await self._stub(name, target).Propose(
-                    admin_pb2.ProposeRequest(group=group, command_json=json.dumps(command),
-                                             timeout_seconds=timeout, on_behalf_of=caller),
-                    timeout=timeout + 1.0)
+                reply = await self._stub(name, target).Propose(request, timeout=timeout + 1.0)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             detail = exc.details() or code.name
             if code is grpc.StatusCode.UNAVAILABLE and detail.startswith("no quorum"):
                 raise ConsensusError("no_quorum", detail) from None  # the voter refused it
             if code is grpc.StatusCode.UNAVAILABLE and "failed to connect" in detail:
-                return await self._unreachable(group, command, timeout, caller, retry, name,
-                                               detail)
+                return await self._unreachable(group, command, timeout, caller, credential,
+                                               retry, name, detail)
             # Any other failure (a connection lost mid-call included) may follow a commit.
-            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
+            # These three are answered before anything is proposed: nothing was applied.
+            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
+                        grpc.StatusCode.UNAUTHENTICATED):
                 raise ConsensusError("refused", f"{name}: {detail}") from None
             raise ConsensusError("unknown", f"forwarded to {name}: {detail}") from None
         result = json.loads(reply.result_json)
@@ -562,12 +606,14 @@ class ControlPlane:
             waiting.remove(started)
 
     async def _unreachable(self, group: str, command: dict[str, Any], timeout: float,
-                           caller: str, retry: bool, name: str, detail: str) -> dict[str, Any]:
+                           caller: str, credential: Credential | None, retry: bool, name: str,
+                           detail: str) -> dict[str, Any]:
         """The write never left: ``name`` is unreachable (it may have just died, before
         gossip says so).  Skip it for a while and try another voter once."""
         self._failed[name] = time.monotonic() + FAILED_BACKOFF
         if retry:
-            return await self._forward(group, command, timeout, caller, retry=False)
+            return await self._forward(group, command, timeout, caller, credential,
+                                       retry=False)
         raise ConsensusError("no_quorum", (
             f"no quorum in raft group {group}: no coordinator reachable from "
             f"{self.node} (last tried {name}: {detail})"))

@@ -229,16 +229,22 @@ class Event(_message.Message):
     def __init__(self, group: _Optional[str] = ..., version: _Optional[int] = ..., op: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., document_json: _Optional[str] = ..., at_unix: _Optional[float] = ..., author: _Optional[str] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("group", "command_json", "timeout_seconds", "on_behalf_of")
+    __slots__ = ("group", "command_json", "timeout_seconds", "on_behalf_of", "method", "caller_certificate_pem", "caller_bearer")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     COMMAND_JSON_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ON_BEHALF_OF_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    CALLER_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    CALLER_BEARER_FIELD_NUMBER: _ClassVar[int]
     group: str
     command_json: str
     timeout_seconds: float
     on_behalf_of: str
-    def __init__(self, group: _Optional[str] = ..., command_json: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., on_behalf_of: _Optional[str] = ...) -> None: ...
+    method: str
+    caller_certificate_pem: bytes
+    caller_bearer: str
+    def __init__(self, group: _Optional[str] = ..., command_json: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., on_behalf_of: _Optional[str] = ..., method: _Optional[str] = ..., caller_certificate_pem: _Optional[bytes] = ..., caller_bearer: _Optional[str] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("result_json",)

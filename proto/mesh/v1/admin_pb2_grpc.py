@@ -1155,6 +1155,7 @@ class ConsensusServicer:
 
     def Propose(self, request, context):
         """Propose commits a command in a group (on the leader, or forwarded to it).
+        A write a person made is accepted only with their credential, verified here.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
