@@ -29,7 +29,7 @@ from pysyncobj.node import TCPNode
 
 from consensus.durability import JournalSync, read_dump, repair_journal, write_dump
 from consensus.transport import RaftTls, TlsTransport, tls_transport
-from policy.store import Change, PolicyStore
+from policy.store import COMMAND_VERSION, Change, PolicyStore, command_version
 
 log = logging.getLogger("consensus.group")
 
@@ -72,7 +72,8 @@ WAN_TIMING = Timing(heartbeat=0.25, election_min=1.5, election_max=3.0, leader_f
 class ConsensusError(Exception):
     """A proposal that did not (or may not have) committed; ``code`` names why:
     ``no_quorum`` and ``no_leader`` (not applied, retry later), ``unknown`` (timed out or the
-    leader changed: it may still commit), ``closed``."""
+    leader changed: it may still commit), ``closed``, ``version`` (a command format some voter
+    would not apply: not proposed)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -163,8 +164,12 @@ class RaftGroup:
                  on_change: Callable[[Change], None] = lambda c: None,
                  on_reset: Callable[[dict], None] = lambda s: None,
                  store_class: type[PolicyStore] = PolicyStore,
-                 stamped_ops: Collection[str] = ()) -> None:
+                 stamped_ops: Collection[str] = (),
+                 command_version: Callable[[], int] = lambda: COMMAND_VERSION) -> None:
         self.name = name
+        self.command_version = command_version
+        """The newest command format every voter of the group applies (its owner knows the
+        voters' builds): a newer command is refused before it reaches the log."""
         self.address = address
         self.timing = timing
         self.stamped_ops = frozenset(stamped_ops)
@@ -236,6 +241,11 @@ class RaftGroup:
         if self._closed:
             raise ConsensusError("closed", f"raft group {self.name} is shut down")
         self.check_quorum()
+        version, understood = command_version(command), self.command_version()
+        if version > understood:
+            raise ConsensusError("version", f"raft group {self.name}: command format {version} "
+                                 f"is newer than every voter applies ({understood}): upgrade "
+                                 "the coordinators first")
         if command.get("op") in self.stamped_ops:
             command = {**command, "at": time.time()}
         loop = asyncio.get_running_loop()

@@ -41,6 +41,12 @@ __all__ = ["Change", "GapError", "PolicyStore", "StoredDoc", "SNAPSHOT_FORMAT"]
 
 SNAPSHOT_FORMAT = 1
 """Bumped whenever the snapshot layout changes incompatibly."""
+COMMAND_VERSION = 1
+"""The newest command format this build applies.  A command of format 1 carries no ``v``
+field, so the builds before formats existed apply it too; a newer format carries ``"v": N``
+and is proposed only once every voter of the group understands it
+(:class:`consensus.group.RaftGroup` enforces that), since a replica that cannot apply a
+committed command would split from the others."""
 
 _WRITE = {  # fields every mutating command shares
     "if_version": F(Integer(ge=0, nullable=True), None, "precondition on the doc's version"),
@@ -57,6 +63,29 @@ _COMMANDS: dict[str, Object] = {
     "noop": Object(_OP),
 }
 _OP_CHECK = Choice(tuple(_COMMANDS))
+
+
+def command_version(command: object) -> int:
+    """The format of a command (1 without a ``v`` field); PolicyError when ``v`` is not a
+    positive integer."""
+    if not isinstance(command, dict) or "v" not in command:
+        return 1
+    v = command["v"]
+    if type(v) is not int or v < 1:  # noqa: E721 - bool is not a version
+        raise PolicyError("v", f"must be a command format >= 1, got {show(v)}")
+    return v
+
+
+def command_of_version(command: object) -> object:
+    """``command`` without its ``v`` field, once its format is one this build applies;
+    PolicyError naming the format otherwise (the same answer on every replica of a build)."""
+    v = command_version(command)
+    if v > COMMAND_VERSION:
+        raise PolicyError("v", f"command format {v} is newer than this coordinator's "
+                               f"({COMMAND_VERSION}): upgrade it")
+    if isinstance(command, dict) and "v" in command:
+        return {k: val for k, val in command.items() if k != "v"}
+    return command
 
 _SNAPSHOT = Object({
     "format": required(Integer(ge=0)),
@@ -103,6 +132,7 @@ class PolicyStore:
     def apply(self, command: object) -> dict[str, Any]:
         """Run one committed command and return its result; never raises."""
         try:
+            command = command_of_version(command)
             return self._apply(command)
         except PolicyError as exc:
             return {"ok": False, "error": "invalid", "message": str(exc), "field": exc.field}

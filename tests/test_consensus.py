@@ -348,3 +348,68 @@ def test_journal_sync_flushes_only_when_the_tail_moved(tmp_path: Path) -> None:
     assert sync.syncs == 3
     sync()
     assert sync.syncs == 3
+
+
+def test_a_command_format_some_voter_would_not_apply_is_never_proposed(trio: Trio) -> None:
+    """Rolling upgrades: a command of a newer format than every voter applies is refused
+    before it reaches the log (a replica that could not apply it would split from the rest);
+    format 1 carries no ``v`` field, so builds that predate formats apply it."""
+    from policy.store import COMMAND_VERSION
+
+    for i in range(3):
+        trio.start(i)
+    lead = trio.leader()
+    grp = trio.groups[lead]
+    assert grp is not None
+
+    async def run() -> tuple[dict[str, Any], str, dict[str, Any]]:
+        ok = await _propose(grp, {**quota("acme", 10.0), "v": 1})
+        newer = {**quota("beta", 5.0), "v": COMMAND_VERSION + 1}
+        grp.command_version = lambda: COMMAND_VERSION + 1  # as if every voter were newer...
+        applied = await _propose(grp, newer)  # ... each replica still refuses what it cannot
+        grp.command_version = lambda: COMMAND_VERSION
+        with pytest.raises(ConsensusError) as err:
+            await grp.propose(newer, 2.0)
+        return ok, err.value.code, applied
+
+    ok, code, applied = asyncio.run(run())
+    assert ok["ok"] and code == "version"
+    assert not applied["ok"] and applied["field"] == "v" and "upgrade" in applied["message"]
+    store = grp.consumer.store
+    assert store.get("TenantQuota", "beta") is None
+    assert store.version == 1  # the refused and the never-proposed left no document
+
+
+def test_coordinators_say_which_command_format_they_apply_in_their_raft_section(
+        tmp_path: Path) -> None:
+    """The group's format is the oldest its coordinators publish; a coordinator that predates
+    formats (no ``cmdv`` key: builds before it skip the key as a group they do not run) or one
+    not heard from yet counts as format 1."""
+    import msgpack
+
+    from consensus.group import GroupStatus
+    from meshd.control.plane import (
+        RAFT_SECTION,
+        ControlPlane,
+        command_version_of,
+        decode_section,
+        encode_section,
+    )
+    from policy.store import COMMAND_VERSION
+    from testbed.admin import dev_security
+
+    status = GroupStatus("policy", "a:1", "leader", "a:1", 3, 0, 0, 0, True, ["a:1", "b:1"],
+                         ["a:1", "b:1"])
+    new = encode_section({"policy": status})
+    old = msgpack.packb({"policy": ["a:1", 3, ["a:1", "b:1"]]})
+    assert decode_section(new) == decode_section(old)  # what older builds read is unchanged
+    assert (command_version_of(new), command_version_of(old)) == (COMMAND_VERSION, 1)
+    assert command_version_of(b"\xc1") == 1
+    sec = dev_security(tmp_path / "n", "n")
+    cp = ControlPlane("n", tmp_path / "n", sec, coordinator=False)
+    cp.learn("a", {RAFT_SECTION: new})
+    assert cp.command_version("policy") == COMMAND_VERSION
+    cp.learn("b", {RAFT_SECTION: old})
+    assert cp.command_version("policy") == 1
+    cp.learn("b", {})
+    assert cp.command_version("policy") == COMMAND_VERSION

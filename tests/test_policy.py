@@ -847,3 +847,17 @@ def test_random_command_sequences(commands: list[Any]) -> None:
         assert late.list() == small.list()
     else:
         assert [c.version for c in changes] == list(range(1, small.version + 1))
+
+
+def test_command_formats_newer_than_this_build_are_refused_the_same_everywhere() -> None:
+    from meshd.train.board import PlacementStore
+    from policy.store import COMMAND_VERSION, PolicyStore
+
+    for store in (PolicyStore(), PlacementStore()):
+        doc = {"kind": "TenantQuota", "name": "a", "spec": {"requests_per_second": 1}}
+        assert store.apply({"op": "put", "doc": doc, "v": 1})["ok"]  # format 1, said or not
+        for bad, why in (({"v": COMMAND_VERSION + 1}, "newer than this coordinator's"),
+                         ({"v": 0}, "format >= 1"), ({"v": True}, "format >= 1")):
+            got = store.apply({"op": "put", "doc": doc, **bad})
+            assert got["ok"] is False and got["field"] == "v" and why in got["message"], got
+        assert store.version == 1

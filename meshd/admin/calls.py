@@ -19,6 +19,7 @@ CONSENSUS_CODES = {"no_quorum": grpc.StatusCode.UNAVAILABLE,
                     "not_applied": grpc.StatusCode.UNAVAILABLE,
                     "closed": grpc.StatusCode.UNAVAILABLE,
                     "refused": grpc.StatusCode.PERMISSION_DENIED,
+                    "version": grpc.StatusCode.FAILED_PRECONDITION,
                     "unknown": grpc.StatusCode.DEADLINE_EXCEEDED}
 RESULT_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT,
                  "wrong_group": grpc.StatusCode.INVALID_ARGUMENT,

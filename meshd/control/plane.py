@@ -42,7 +42,7 @@ from gossip.state import Addr, Status
 from meshd.security.peers import PeerChannels
 from meshd.security.plane import Security
 from policy.model import KINDS
-from policy.store import Change, PolicyStore
+from policy.store import COMMAND_VERSION, Change, PolicyStore
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger("meshd.control")
@@ -80,9 +80,28 @@ def kinds_of(group: str) -> frozenset[str]:
     return frozenset(k for k, g in KINDS.items() if g == group)
 
 
+COMMAND_VERSION_KEY = "cmdv"
+"""The raft section's key for the newest command format a coordinator applies (not a group:
+builds that predate it skip it, as they skip groups they do not run)."""
+
+
 def encode_section(groups: dict[str, GroupStatus]) -> bytes:
-    return bytes(msgpack.packb({g: [s.leader or "", s.term, s.members]
-                                for g, s in sorted(groups.items())}, use_bin_type=True))
+    doc: dict[str, object] = {g: [s.leader or "", s.term, s.members]
+                              for g, s in sorted(groups.items())}
+    doc[COMMAND_VERSION_KEY] = COMMAND_VERSION
+    return bytes(msgpack.packb(doc, use_bin_type=True))
+
+
+def command_version_of(raw: bytes) -> int:
+    """The command format a coordinator's raft section says it applies (1: a build before
+    formats, or a section that does not say)."""
+    try:
+        doc = msgpack.unpackb(raw, raw=False, max_map_len=16, max_array_len=64,
+                              max_str_len=256)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return 1
+    v = doc.get(COMMAND_VERSION_KEY) if isinstance(doc, dict) else None
+    return v if type(v) is int and v >= 1 else 1  # noqa: E721
 
 
 def decode_section(raw: bytes) -> dict[str, tuple[str, int, tuple[str, ...]]]:
@@ -164,6 +183,8 @@ class ControlPlane:
         self.groups: dict[str, RaftGroup] = {}
         self.node_names: dict[str, str] = {}  # Raft address -> node name (pins TLS peers)
         self.published: dict[str, dict[str, tuple[str, int, tuple[str, ...]]]] = {}
+        self.command_versions: dict[str, int] = {}
+        """The newest command format each coordinator applies, from its raft section."""
         self.raft_host = ""
         self.raft_port = 0
         self.raft_bind = ""
@@ -246,12 +267,27 @@ class ControlPlane:
         raw = sections.get(RAFT_SECTION)
         if raw is None:
             self.published.pop(member, None)
+            self.command_versions.pop(member, None)
             return
         try:
             self.published[member] = decode_section(raw)
+            self.command_versions[member] = command_version_of(raw)
         except ValueError as exc:
             log.debug("bad raft section", extra={"event": "bad_raft_section", "member": member,
                                                  "detail": str(exc)})
+
+    def command_version(self, group: str) -> int:
+        """The newest command format every coordinator running ``group`` applies: this
+        build's, lowered by any coordinator whose raft section says less or predates formats.
+        A coordinator this node has not heard from yet counts as the oldest format."""
+        names = {m for m, groups in self.published.items() if group in groups}
+        names.discard(self.node)
+        grp = self.groups.get(group)
+        expected = len(grp.status().members) if grp is not None else 0
+        versions = [self.command_versions.get(m, 1) for m in names]
+        if len(names) + 1 < expected:
+            versions.append(1)
+        return min([COMMAND_VERSION, *versions])
 
     def flags_of(self, node: str) -> list[str]:
         spec = self.views["policy"].store.node_flags(node)
@@ -346,7 +382,8 @@ class ControlPlane:
                         kinds=kinds_of(group), timing=self.timing, bind=bind,
                         on_change=on_change, on_reset=on_reset,
                         store_class=self.stores[group].store_class,
-                        stamped_ops=self.stores[group].stamped_ops)
+                        stamped_ops=self.stores[group].stamped_ops,
+                        command_version=lambda: self.command_version(group))
         try:
             await grp.wait_bound()
         except Exception as exc:

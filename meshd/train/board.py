@@ -37,7 +37,7 @@ from meshd.train.spec import parse_job
 from policy.errors import PolicyError
 from policy.fields import MAX_LIST, Integer, Number, Text
 from policy.model import Document, copy_plain, validate
-from policy.store import Change, PolicyStore, StoredDoc
+from policy.store import Change, PolicyStore, StoredDoc, command_of_version
 
 JOB_KINDS = ("TrainingJob", "TrainingPlacement")
 """Kinds only these commands write."""
@@ -69,6 +69,10 @@ class PlacementStore(PolicyStore):
     # --- commands ---------------------------------------------------------------------------
 
     def apply(self, command: object) -> dict[str, Any]:
+        try:
+            command = command_of_version(command)
+        except PolicyError as exc:
+            return {"ok": False, "error": "invalid", "field": exc.field, "message": exc.message}
         if not isinstance(command, dict):
             return super().apply(command)
         op = command.get("op")
