@@ -219,11 +219,11 @@ def _serve(creds: str) -> int:
 
 # --- child processes' environment -----------------------------------------------------------
 
-def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def _child_env(extra: dict[str, str] | None = None, root: Path = ROOT) -> dict[str, str]:
     # The caller's own MESHD_* settings must not leak into the cluster's agents.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHD_")}
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})
     return env
 
@@ -295,6 +295,9 @@ class Node:
         self.module = "meshd.cli"
         """What ``python -m`` runs (tests.fake_gpu_agent: the agent over a fake NVML)."""
         self.env = dict(env)
+        self.root = ROOT
+        """The checkout the node runs (another build's, for a mesh in the middle of an
+        upgrade: :mod:`testbed.release`)."""
         self.data_dir = cluster.workdir / name
         self.log_path = cluster.workdir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -354,9 +357,9 @@ class Node:
         self.provision()
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.proc = subprocess.Popen(self.command(join), cwd=ROOT, stdout=log,
+            self.proc = subprocess.Popen(self.command(join), cwd=self.root, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=_child_env(self.env))
+                                         env=_child_env(self.env, self.root))
         finally:
             log.close()
         kill_at_exit(self.proc)
