@@ -16,6 +16,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from certs.identity import (
     CLOCK_SKEW,
+    MESH_OID,
     ROLES_OID,
     Identity,
     encode_roles,
@@ -60,6 +63,14 @@ class CsrRejected(CaError):
         self.reason = reason
 
 
+_MESH_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def new_mesh_id() -> str:
+    """A fresh mesh id: 128 random bits, hex."""
+    return secrets.token_hex(16)
+
+
 def fingerprint(cert: x509.Certificate) -> str:
     """SHA-256 of the DER certificate, hex: what a join token pins."""
     return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
@@ -81,6 +92,9 @@ class CertificateAuthority:
     chain: tuple[x509.Certificate, ...]
     """Intermediates between ``cert`` and the root (empty for a root CA)."""
     bundle: tuple[x509.Certificate, ...]
+    mesh: str = ""
+    """The mesh id every certificate this CA signs carries (:data:`~certs.identity.MESH_OID`);
+    "" for a CA made before mesh ids, whose certificates carry none."""
 
     # --- creation and files ---------------------------------------------------------------
 
@@ -110,12 +124,12 @@ class CertificateAuthority:
                 .add_extension(x509.SubjectAlternativeName(
                     [x509.UniformResourceIdentifier(f"spiffe://{trust_domain}")]), critical=False)
                 .sign(key, hashes.SHA256()))
-        return cls(trust_domain, key, cert, (), (cert,))
+        return cls(trust_domain, key, cert, (), (cert,), new_mesh_id())
 
     @classmethod
     def from_parts(cls, trust_domain: str, key: object, cert: x509.Certificate,
-                   chain: list[x509.Certificate], bundle: list[x509.Certificate]
-                   ) -> CertificateAuthority:
+                   chain: list[x509.Certificate], bundle: list[x509.Certificate],
+                   mesh: str = "") -> CertificateAuthority:
         """An existing (often intermediate) CA, checked to be usable before anything is signed."""
         check_trust_domain(trust_domain)
         if not isinstance(key, ec.EllipticCurvePrivateKey):
@@ -138,7 +152,9 @@ class CertificateAuthority:
             issuer = parent
         if not any(issued_by(issuer, root) for root in bundle):
             raise CaError("CA bundle: no root in it issued the CA certificate (or its chain)")
-        return cls(trust_domain, key, cert, tuple(chain), tuple(bundle))
+        if mesh and not _MESH_ID.fullmatch(mesh):
+            raise CaError(f"mesh id {mesh!r}: must be 32 lowercase hex digits")
+        return cls(trust_domain, key, cert, tuple(chain), tuple(bundle), mesh)
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -147,7 +163,8 @@ class CertificateAuthority:
         write_public(directory / CA_BUNDLE, pem_certs(list(self.bundle)))
         if self.chain:
             write_public(directory / CA_CHAIN, pem_certs(list(self.chain)))
-        write_public(directory / CA_META, json.dumps({"trust_domain": self.trust_domain}).encode())
+        meta = {"trust_domain": self.trust_domain, **({"mesh": self.mesh} if self.mesh else {})}
+        write_public(directory / CA_META, json.dumps(meta).encode())
 
     @classmethod
     def load(cls, directory: Path) -> CertificateAuthority:
@@ -167,7 +184,10 @@ class CertificateAuthority:
             raise CaError(f"CA in {directory}: {exc}") from None
         if not isinstance(meta, dict) or not isinstance(meta.get("trust_domain"), str):
             raise CaError(f"{directory / CA_META}: no trust_domain")
-        return cls.from_parts(meta["trust_domain"], key, cert[0], chain, bundle)
+        mesh = meta.get("mesh", "")
+        if not isinstance(mesh, str):
+            raise CaError(f"{directory / CA_META}: mesh must be a string")
+        return cls.from_parts(meta["trust_domain"], key, cert[0], chain, bundle, mesh)
 
     @staticmethod
     def exists(directory: Path) -> bool:
@@ -258,7 +278,7 @@ class CertificateAuthority:
         san: list[x509.GeneralName] = [x509.UniformResourceIdentifier(str(sid))]
         san += [x509.DNSName(n) for n in sid.dns_names()]
         san += hosts
-        return (x509.CertificateBuilder()
+        builder = (x509.CertificateBuilder()
                 .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, sid.name)]))
                 .issuer_name(self.cert.subject)
                 .public_key(public_key)
@@ -278,8 +298,11 @@ class CertificateAuthority:
                     ca_ski), critical=False)
                 .add_extension(x509.SubjectAlternativeName(san), critical=False)
                 .add_extension(x509.UnrecognizedExtension(ROLES_OID, encode_roles(list(roles))),
-                               critical=False)
-                .sign(self.key, hashes.SHA256()))
+                               critical=False))
+        if self.mesh:
+            builder = builder.add_extension(
+                x509.UnrecognizedExtension(MESH_OID, self.mesh.encode("ascii")), critical=False)
+        return builder.sign(self.key, hashes.SHA256())
 
     def chain_for(self, leaf: x509.Certificate) -> tuple[x509.Certificate, ...]:
         """Leaf first, then every CA certificate up to (not including) a bundle root."""

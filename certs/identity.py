@@ -23,6 +23,10 @@ from certs.names import cert_host_names, to_names
 from certs.spiffe import SpiffeId
 
 ROLES_OID = x509.ObjectIdentifier("1.3.6.1.4.1.58986.7946.1")
+MESH_OID = x509.ObjectIdentifier("1.3.6.1.4.1.58986.7946.2")
+"""The mesh (cluster) id a certificate belongs to: minted by ``meshctl ca init`` (or a dev
+CA), stamped on every certificate that CA signs, so two meshes whose CAs share a root, or
+that share a trust domain, still tell each other's nodes apart."""
 """``meshdAccessRoles``: a DER SEQUENCE OF UTF8String naming the holder's access roles
 (``admin``, ``operator``, ``viewer``, ``node``).  Non-critical, so other TLS stacks ignore it."""
 
@@ -91,6 +95,20 @@ def decode_roles(value: bytes) -> tuple[str, ...]:
         roles.append(value[s:e].decode("utf-8"))
         pos = e
     return tuple(roles)
+
+
+def mesh_of(cert: x509.Certificate) -> str:
+    """The mesh id ``cert`` names ("" for a certificate from a CA that predates mesh ids)."""
+    try:
+        ext = cert.extensions.get_extension_for_oid(MESH_OID)
+    except x509.ExtensionNotFound:
+        return ""
+    value = ext.value
+    raw = value.value if isinstance(value, x509.UnrecognizedExtension) else b""
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        return ""
 
 
 def roles_of(cert: x509.Certificate) -> tuple[str, ...]:
@@ -198,6 +216,11 @@ class Identity:
     @property
     def roles(self) -> tuple[str, ...]:
         return roles_of(self.cert)
+
+    @property
+    def mesh(self) -> str:
+        """The mesh id of this identity's certificate ("" when its CA predates mesh ids)."""
+        return mesh_of(self.cert)
 
     @property
     def host_names(self) -> set[str]:

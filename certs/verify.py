@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from certs.identity import roles_of, spiffe_id_of
+from certs.identity import mesh_of, roles_of, spiffe_id_of
 from certs.revocation import Revocations, issued_at
 from certs.spiffe import SpiffeId
 
 REJECT_REASONS = ("no_certificate", "malformed", "untrusted", "expired", "not_yet_valid",
-                  "revoked", "wrong_trust_domain", "bad_identity")
+                  "revoked", "wrong_trust_domain", "bad_identity", "other_mesh")
 """Why a peer certificate is refused: the label of ``meshd_security_refusals_total``."""
 CACHE_SIZE = 4096
 
@@ -53,9 +53,13 @@ class PeerVerifier:
 
     def __init__(self, bundle: list[x509.Certificate] | tuple[x509.Certificate, ...],
                  trust_domain: str, revocations: Revocations | None = None,
-                 intermediates: list[x509.Certificate] | tuple[x509.Certificate, ...] = ()
-                 ) -> None:
+                 intermediates: list[x509.Certificate] | tuple[x509.Certificate, ...] = (),
+                 mesh: str = "") -> None:
         self.trust_domain = trust_domain
+        self.mesh = mesh
+        """Our mesh id: a peer whose certificate names another is refused (``other_mesh``),
+        even when its CA shares our root.  "" (or a peer certificate without one, from a CA
+        that predates mesh ids) checks nothing."""
         self.intermediates = list(intermediates)
         """The mesh's own intermediate CAs: TLS stacks hand us only the peer's leaf."""
         self.revocations = (revocations if revocations is not None
@@ -146,6 +150,10 @@ class PeerVerifier:
         if sid.trust_domain != self.trust_domain:
             raise PeerRejected("wrong_trust_domain", f"{sid} is not in trust domain "
                                                      f"{self.trust_domain}")
+        theirs = mesh_of(cert)
+        if self.mesh and theirs and theirs != self.mesh:
+            raise PeerRejected("other_mesh", f"certificate of {sid} belongs to mesh {theirs}; "
+                                             f"this is mesh {self.mesh}")
         issued = issued_at(cert)
         if self.revocations.is_revoked(sid, issued):
             raise PeerRejected("revoked", f"certificate of {sid} (serial "

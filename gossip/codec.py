@@ -54,7 +54,7 @@ HEADER_BYTES = 2
 ARRAY_HEADER_MAX = 3  # msgpack array16 header
 
 DROP_REASONS = ("truncated", "oversized", "version", "unencrypted", "no_key", "auth",
-                "msgpack", "schema", "unknown_type", "unauthenticated")
+                "msgpack", "schema", "unknown_type", "unauthenticated", "other_mesh")
 """Every reason a packet can be dropped for, so metrics can expose them all from the start."""
 
 

@@ -25,6 +25,8 @@ class EventKind(enum.Enum):
     """We were suspected or declared dead and refuted it with a new incarnation."""
     CONFLICT = "conflict"
     """Another address claims a live member's name; the claim was ignored."""
+    OTHER_MESH = "other_mesh"
+    """A node of another mesh (its metadata names another mesh id) was refused."""
     STATE = "state"
     """A member published a new version of its node state (the event carries it)."""
     DELTA = "delta"

@@ -33,6 +33,8 @@ from gossip.stats import Stats
 from gossip.suspicion import Suspicion, suspicion_timeout
 
 PUSH_PULL_SCALE_THRESHOLD = 32
+MAX_REFUSED_NAMES = 1024
+"""Nodes of other meshes remembered, to report each once (forgotten all at once beyond)."""
 LEAVE_DIRECT_ALL = 64
 """Up to this many live members, a leaving node tells every one of them directly."""
 
@@ -132,6 +134,9 @@ class Swim:
             raise MetaError(
                 f"node metadata is {len(meta_raw)} bytes, limit {config.max_meta_bytes}")
         me = Member(name, addr, incarnation, Status.ALIVE, meta, meta_raw, now)
+        self.mesh = meta.mesh
+        """Our mesh id (:data:`~gossip.state.MESH_TAG`): members naming another are refused."""
+        self._refused: set[str] = set()  # nodes of another mesh reported once each
         self._members: dict[str, Member] = {name: me}
         self._nodes: list[str] = [name]  # shuffled; walked for probes, sampled for gossip
         self._probe_index = 0
@@ -274,6 +279,7 @@ class Swim:
             raise MetaError(
                 f"node metadata is {len(raw)} bytes, limit {self.config.max_meta_bytes}")
         me = self.local
+        self.mesh = meta.mesh
         me = replace(me, meta=meta, meta_raw=raw,
                      incarnation=min(me.incarnation + 1, codec.MAX_U64))
         self._set_member(me)
@@ -384,6 +390,9 @@ class Swim:
         except codec.DecodeError as exc:
             self.stats.drop(exc.reason, stream=True)
             return None
+        if self._stream_from_other_mesh(source, nodes, now):
+            self.stats.drop("other_mesh", stream=True)
+            return None
         self.stats.push_pull_received += 1
         self.stats.push_pull_bytes_received += len(data)
         self._merge_remote(source, nodes, states, now)
@@ -398,6 +407,10 @@ class Swim:
                                                                self.config.max_stream_bytes)
         except codec.DecodeError as exc:
             self.stats.drop(exc.reason, stream=True)
+            self.stats.push_pull_failed += 1
+            return False
+        if self._stream_from_other_mesh(source, nodes, now):
+            self.stats.drop("other_mesh", stream=True)
             self.stats.push_pull_failed += 1
             return False
         self.stats.push_pull_completed += 1
@@ -604,6 +617,10 @@ class Swim:
             except MetaError:
                 self.stats.drop("meta")
                 return
+            if self._foreign(meta):
+                self.stats.drop("other_mesh")
+                self._refuse(Member(name, addr, inc, Status.ALIVE, meta, meta_raw, now), now)
+                return
         if m is None:
             new = Member(name, addr, inc, Status.ALIVE, meta, meta_raw, now)
             self._set_member(new)
@@ -781,6 +798,38 @@ class Swim:
                  for m in self._members.values()]
         states = [[n, s.version, s.blob] for n, s in self._states.items()]
         return codec.encode_stream(self.name, join, nodes, states, self.keyring)
+
+    def _foreign(self, meta: NodeMeta) -> bool:
+        """A node of another mesh: both name one, and they differ (a node that names none is
+        of a build before mesh ids, or of a CA without one)."""
+        return bool(self.mesh and meta.mesh and meta.mesh != self.mesh)
+
+    def _stream_from_other_mesh(self, source: str, nodes: list[codec.NodeRecord],
+                                now: float) -> bool:
+        """Whether a push-pull's own record says its sender is of another mesh (then it gets
+        nothing of ours, and nothing of its is merged)."""
+        for name, host, port, inc, _status, meta_raw in nodes:
+            if name == source:
+                try:
+                    meta = NodeMeta.decode(meta_raw)
+                except MetaError:
+                    return False
+                if not self._foreign(meta):
+                    return False
+                self._refuse(Member(name, (host, port), inc, Status.ALIVE, meta, meta_raw, now),
+                             now)
+                return True
+        return False
+
+    def _refuse(self, m: Member, now: float) -> None:
+        """Report a node of another mesh, once per name."""
+        if m.name in self._refused:
+            return
+        if len(self._refused) >= MAX_REFUSED_NAMES:
+            self._refused.clear()
+        self._refused.add(m.name)
+        self._emit(EventKind.OTHER_MESH, m, now, f"of mesh {m.meta.mesh}; this is mesh "
+                                                f"{self.mesh}")
 
     def _merge_remote(self, source: str, nodes: list[codec.NodeRecord],
                       states: list[codec.StateRecord], now: float) -> None:

@@ -43,6 +43,11 @@ class MetaError(ValueError):
     """Node metadata that is malformed or too large."""
 
 
+MESH_TAG = "mesh"
+"""The tag naming the mesh a node belongs to (its certificate's mesh id): a member of another
+mesh is refused.  A tag rather than a field, so builds that predate it read the metadata."""
+
+
 @dataclass(frozen=True, slots=True)
 class NodeMeta:
     """Metadata announced with a node's ``alive``; a change spreads as a new incarnation."""
@@ -66,6 +71,14 @@ class NodeMeta:
     @property
     def tags_dict(self) -> dict[str, str]:
         return dict(self.tags)
+
+    @property
+    def mesh(self) -> str:
+        """The mesh this node says it belongs to ("" when it does not say)."""
+        for key, value in self.tags:
+            if key == MESH_TAG:
+                return value
+        return ""
 
     def encode(self) -> bytes:
         return msgpack.packb([list(self.roles), self.zone, self.region,

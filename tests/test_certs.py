@@ -1693,3 +1693,36 @@ def test_enrolled_node_renews_early_once_for_names_it_lacks_then_keeps_them(
     names.append("10.0.0.9")
     sec.names = sec._derive_names()
     assert sec.names_stale(sec.identity) and sec.ca_holders() and not sec._early_renewal()
+
+
+def test_every_certificate_names_its_mesh_and_another_meshs_is_refused(
+        tmp_path: Path, ca: CertificateAuthority) -> None:
+    """Two meshes whose CAs share a root (each `meshctl ca init --from-cert` mints its own
+    mesh id) verify each other's chains, but refuse each other's nodes by the mesh id."""
+    from certs.ca import new_mesh_id
+    from certs.identity import mesh_of
+
+    assert len(ca.mesh) == 32 and ca.mesh != CertificateAuthority.create(TD).mesh
+    ours_ca = CertificateAuthority.from_parts(TD, *make_intermediate(ca, name="ours"), [],
+                                              [ca.cert], mesh=new_mesh_id())
+    theirs_ca = CertificateAuthority.from_parts(TD, *make_intermediate(ca, name="theirs"), [],
+                                                [ca.cert], mesh=new_mesh_id())
+    ours, theirs = (c.mint(node(n), ["node"]) for c, n in ((ours_ca, "a"), (theirs_ca, "b")))
+    assert ours.mesh == ours_ca.mesh and mesh_of(theirs.cert) == theirs_ca.mesh
+    verifier = PeerVerifier([ca.cert], TD, intermediates=[ours_ca.cert, theirs_ca.cert],
+                            mesh=ours.mesh)
+    assert verifier.verify_der(der(ours.cert)).name == "a"
+    err = assert_refused(verifier, der(theirs.cert), "other_mesh")
+    assert theirs_ca.mesh in str(err) and ours_ca.mesh in str(err)
+    # a CA made before mesh ids (no "mesh" in its files) signs certificates without one,
+    # which no mesh refuses for that
+    ours_ca.save(tmp_path / "ca")
+    assert CertificateAuthority.load(tmp_path / "ca").mesh == ours_ca.mesh
+    meta = tmp_path / "ca" / "ca.json"
+    meta.write_text(json.dumps({"trust_domain": TD}))
+    old_ca = CertificateAuthority.load(tmp_path / "ca")
+    old = old_ca.mint(node("c"), ["node"])
+    assert old_ca.mesh == "" and old.mesh == ""
+    assert verifier.verify_der(der(old.cert)).name == "c"
+    with pytest.raises(CaError, match="mesh id"):
+        CertificateAuthority.from_parts(TD, *make_intermediate(ca), [], [ca.cert], mesh="x")

@@ -836,6 +836,24 @@ def test_a_newer_nodes_optional_messages_are_skipped_and_the_rest_applied() -> N
     assert a.stats.skipped_messages == 1 and sum(a.stats.dropped.values()) == 0
 
 
+def test_a_node_of_another_mesh_is_refused_once_reported_and_gets_nothing() -> None:
+    ours = NodeMeta.build(tags={"mesh": "a" * 32})
+    a = make("a", meta=ours)
+    other = NodeMeta.build(tags={"mesh": "b" * 32})
+    events = feed(a, alive("b", 0, other)) + feed(a, alive("b", 1, other))
+    assert a.member("b") is None and a.stats.dropped["other_mesh"] == 2
+    assert [e.kind for e in events] == [EventKind.OTHER_MESH]  # reported once
+    assert "b" * 32 in events[0].detail and "a" * 32 in events[0].detail
+    assert kinds(feed(a, alive("c", 0, NodeMeta())), "c") == [EventKind.JOIN]  # says none
+    assert kinds(feed(a, alive("d", 0, ours)), "d") == [EventKind.JOIN]
+    # a push-pull from a node of the other mesh is dropped whole: nothing merged, no reply
+    b = make("b", meta=other)
+    learn(b, "e")
+    payload = b._encode_stream(True)
+    assert a.handle_stream(payload, ADDR["b"], 1.0) is None
+    assert a.member("e") is None and a.stats.dropped["stream_other_mesh"] == 1
+
+
 def test_state_and_delta_events_carry_what_gossip_holds() -> None:
     """The owner reads node state from the events alone: a STATE brings its blob and any
     delta still past it; a DELTA brings itself and the blob it applies over."""

@@ -12,7 +12,7 @@ import grpc
 from cryptography.hazmat.primitives import serialization
 
 from certs import tls
-from certs.ca import CaError, CertificateAuthority
+from certs.ca import CaError, CertificateAuthority, new_mesh_id
 from certs.identity import Identity, IdentityError, load_pem_certs
 from certs.spiffe import SpiffeError, SpiffeId
 from meshd.admin.rbac import ACCESS_ROLES
@@ -139,15 +139,16 @@ def ca_init(args: argparse.Namespace) -> int:
             chain = (load_pem_certs(Path(args.chain).read_bytes(), args.chain)
                      if args.chain else [])
             bundle = load_pem_certs(Path(args.bundle).read_bytes(), args.bundle)
-            ca = CertificateAuthority.from_parts(args.trust_domain, key, cert, chain, bundle)
+            ca = CertificateAuthority.from_parts(args.trust_domain, key, cert, chain, bundle,
+                                                 mesh=new_mesh_id())
         else:
             ca = CertificateAuthority.create(args.trust_domain)
         ca.save(out)
     except (CaError, SpiffeError, IdentityError, OSError, ValueError) as exc:
         print(f"meshctl: ca init: {exc}", file=sys.stderr)
         return 2
-    print(f"CA for trust domain {ca.trust_domain} in {out} (fingerprint {ca.fingerprint()}); "
-          f"keep {out / 'ca.key'} secret")
+    print(f"CA for trust domain {ca.trust_domain}, mesh {ca.mesh}, in {out} (fingerprint "
+          f"{ca.fingerprint()}); keep {out / 'ca.key'} secret")
     return 0
 
 

@@ -226,7 +226,7 @@ class Security:
         if first:
             self.revocations = Revocations(ident.bundle, td, self.dir / "revocations.json")
             self.verifier = PeerVerifier(ident.bundle, td, self.revocations,
-                                         intermediates=ident.chain[1:])
+                                         intermediates=ident.chain[1:], mesh=ident.mesh)
         else:
             assert self.verifier is not None
             self.verifier.set_bundle(ident.bundle)
