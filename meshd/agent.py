@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -30,7 +31,7 @@ from gossip.config import Config
 from gossip.events import EventKind, MemberEvent
 from gossip.keyring import Keyring
 from gossip.protocol import Swim
-from gossip.state import Addr, NodeMeta
+from gossip.state import MESH_TAG, Addr, NodeMeta
 from gossip.transport import GossipTransport, family_of
 from meshd import collector, tracing
 from meshd.admin import server as admin
@@ -74,6 +75,38 @@ ADMIN_GRACE = 1.0
 """Seconds admin calls in flight get to finish on shutdown."""
 ROUTER_GRACE = 10.0
 """Seconds requests in flight through the router get to finish on shutdown."""
+REUSE_PORT = sys.platform.startswith("linux")
+"""The router's workers share its ports with SO_REUSEPORT (see :mod:`meshd.router.worker`)."""
+UNIX_SOCKETS = hasattr(socket, "AF_UNIX") and sys.platform != "win32"
+"""The workers' score link and score API are on Unix sockets (else loopback TCP)."""
+
+
+def _reserve(addr: Addr) -> socket.socket:
+    """A TCP socket bound to ``addr`` (not listening): OSError naming the address if it is
+    in use by a listener that does not share it."""
+    host, port = addr
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if os.name != "nt":  # on Windows SO_REUSEADDR would let this bind over a listener
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if REUSE_PORT:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6 and host in ("::", ""):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise OSError(f"cannot bind the router on {where} (address in use?): "
+                      f"{exc.strerror or exc}") from None
+    return sock
+
+
+def _bracketed(where: str) -> str:
+    """``HOST:PORT`` as a worker's flag takes it (an IPv6 host in brackets)."""
+    host, _, port = where.rpartition(":")
+    return f"[{host}]:{port}" if ":" in host else where
 
 
 TEST_SEND_DELAY_ENV = "MESHD_TEST_SEND_DELAY"
@@ -195,9 +228,11 @@ class Agent:
         self._router: object | None = None
         self._router_http: object | None = None
         self.router: Gateway | None = None
-        """The KServe router (``--role router``), once started."""
+        """The KServe router in this process (``--role router --router-workers 0``)."""
         self.router_workers: WorkerPool | None = None
-        """Router worker processes sharing its port (``--router-workers``)."""
+        """The router worker processes serving its ports (``--role router``, the default)."""
+        self._router_ports: list[socket.socket] = []
+        """The router's ports, held bound (not listening) for the workers (Linux)."""
         self.worker_counters = WorkerCounters()
         self._workers_score: object | None = None
         self._workers_link: asyncio.Server | None = None
@@ -319,7 +354,10 @@ class Agent:
             else:
                 raft, raft_bind = (adv_host, DEFAULT_RAFT_PORT), s.gossip_binds()[0][0]
             ports["raft"] = raft[1]
-        meta = NodeMeta.build(s.roles, s.zone, s.region, ports, s.tags)
+        tags = dict(s.tags)
+        if sec.identity.mesh:  # members of another mesh are refused by it (gossip.state)
+            tags[MESH_TAG] = sec.identity.mesh
+        meta = NodeMeta.build(s.roles, s.zone, s.region, ports, tags)
         incarnation = int(saved.get("incarnation", -1)) + 1  # type: ignore[call-overload]
         swim = Swim(config, s.node, (adv_host, adv_port), meta, now=loop.time(),
                     keyring=keyring, incarnation=incarnation, probe_hook=self.coordinates)
@@ -368,20 +406,24 @@ class Agent:
             if "router" in s.roles:
                 shm_dir = Path(s.data_path()) / router_server.SHM_DIR
                 shutil.rmtree(shm_dir, ignore_errors=True)  # regions die with the router
-                self._router, self.router, router_where = await router_server.serve(
-                    LocalScoring(self.scorer, loop.time), loop.time, s.router_addr(),
-                    dev=s.dev, identity=lambda: sec.identity, tokens_file=s.router_tokens,
-                    verifier=sec.verifier, reuse_port=s.router_workers > 1,
-                    shm_dir=shm_dir)
-                self.router.tracer = request_tracer(self.tracing)
-                http_addr = s.router_http_addr()
-                if http_addr is not None:
-                    ctx = None if s.dev else sec.server_tls()
-                    self._router_http, router_http_where = await router_server.serve_http(
-                        self.router, http_addr, ssl_context=ctx,
-                        reuse_port=s.router_workers > 1)
-                if s.router_workers > 1:
+                if s.router_workers:
+                    # The ports are the workers': this process checks they are free (and
+                    # what a port 0 is), then serves only their score link and score API.
+                    router_where, router_http_where = self._reserve_router_ports()
                     await self._start_router_workers(router_where, router_http_where)
+                else:  # --router-workers 0: in this event loop, beside the control plane
+                    inflight = router_server.Inflight(s.router_inflight_mib << 20)
+                    self._router, self.router, router_where = await router_server.serve(
+                        LocalScoring(self.scorer, loop.time), loop.time, s.router_addr(),
+                        dev=s.dev, identity=lambda: sec.identity,
+                        tokens_file=s.router_tokens, verifier=sec.verifier,
+                        shm_dir=shm_dir, inflight=inflight)
+                    self.router.tracer = request_tracer(self.tracing)
+                    http_addr = s.router_http_addr()
+                    if http_addr is not None:
+                        ctx = None if s.dev else sec.server_tls()
+                        self._router_http, router_http_where = await router_server.serve_http(
+                            self.router, http_addr, ssl_context=ctx, inflight=inflight)
         except (OSError, TokenFileError) as exc:
             log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
             await self._shutdown(leave=False)
@@ -573,47 +615,77 @@ class Agent:
             self.router_workers.closing()
 
     def _router_counters(self) -> dict[str, RouterCounters] | None:
-        """The router's counters by process: this one's and its workers' (None: no router
-        here)."""
-        if self.router is None:
+        """The router's counters by process: its workers' (and this one's, with
+        ``--router-workers 0``); None: no router here."""
+        if "router" not in self.settings.roles:
             return None
-        return self.worker_counters.processes(self.router.counters)
+        return self.worker_counters.processes(
+            self.router.counters if self.router is not None else None)
 
     def _link_counts(self) -> dict[str, int] | None:
         """The score link's message counts (None: no worker processes here)."""
         return self.link_counts if self.router_workers is not None else None
 
-    async def _start_router_workers(self, router_where: str, router_http_where: str) -> None:
-        """``--router-workers N``: N - 1 processes beside this router, scoring through a
-        score API and a score link on Unix sockets of their own, in the data directory."""
+    def _reserve_router_ports(self) -> tuple[str, str]:
+        """The router's gRPC and HTTP addresses as the workers will bind them (``"off"``: no
+        HTTP ingress), checked free now so that a port in use fails the start as it would
+        for this process's own listener, and a port 0 is chosen.  On Linux the sockets stay
+        bound, not listening, until the agent stops (SO_REUSEPORT: the workers bind beside
+        them, and the port stays this node's while a worker restarts); elsewhere they are
+        closed at once for the one worker to bind."""
         s = self.settings
-        where = Path(s.data_path())
-        if len(str(where)) > 80:  # sun_path holds 108 bytes
-            self._workers_dir = tempfile.mkdtemp(prefix="meshd-")
-            where = Path(self._workers_dir)
-        api_path, link_path = where / "router-score.sock", where / "router-link.sock"
-        api_path.unlink(missing_ok=True)
+        out = []
+        for addr, name in ((s.router_addr(), "router"), (s.router_http_addr(), "router_http")):
+            if addr is None:
+                out.append("off")
+                continue
+            sock = _reserve(addr)
+            port = sock.getsockname()[1]
+            if REUSE_PORT:
+                self._router_ports.append(sock)
+            else:
+                sock.close()
+            out.append(f"{addr[0]}:{port}")
+            log.debug("router port reserved", extra={"event": "router_port_reserved",
+                                                     "ingress": name, "port": port})
+        return out[0], out[1]
+
+    async def _start_router_workers(self, router_where: str, router_http_where: str) -> None:
+        """``--router-workers N``: N processes serving the router's ports, scoring through a
+        score API and a score link on Unix sockets of their own, in the data directory (on
+        loopback TCP ports where asyncio has no Unix sockets)."""
+        s = self.settings
         clock = asyncio.get_running_loop().time
-        self._workers_score, api = await score_api.serve(
-            self.scorer, clock, str(api_path), lambda: self.security.identity,
-            self.worker_counters)
-        self._workers_link, self.link_counts = await score_link.serve(
-            self.scorer, clock, str(link_path))
-        host = s.router_addr()[0]
-        port = router_where.rsplit(":", 1)[1]  # the port bound, should the setting say 0
-        router = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        argv = ["--score", api, "--link", str(link_path), "--router", router,
-                "--data", s.data_path(), "--node", s.node, "--log-level", s.log_level]
+        link: str
+        if UNIX_SOCKETS:
+            where = Path(s.data_path())
+            if len(str(where)) > 80:  # sun_path holds 108 bytes
+                self._workers_dir = tempfile.mkdtemp(prefix="meshd-")
+                where = Path(self._workers_dir)
+            api_path, link_path = where / "router-score.sock", where / "router-link.sock"
+            api_path.unlink(missing_ok=True)
+            self._workers_score, api = await score_api.serve(
+                self.scorer, clock, str(api_path), lambda: self.security.identity,
+                self.worker_counters)
+            self._workers_link, self.link_counts = await score_link.serve(
+                self.scorer, clock, str(link_path))
+            link = str(link_path)
+        else:
+            self._workers_score, api = await score_api.serve(
+                self.scorer, clock, ("127.0.0.1", 0), lambda: self.security.identity,
+                self.worker_counters)
+            self._workers_link, self.link_counts, link = await score_link.serve_loopback(
+                self.scorer, clock)
+        argv = ["--score", api, "--link", link, "--router", _bracketed(router_where),
+                "--data", s.data_path(), "--node", s.node, "--log-level", s.log_level,
+                "--inflight-mib", str(s.router_inflight_mib)]
         if router_http_where != "off":
-            http_port = router_http_where.rsplit(":", 1)[1]
-            http_host = s.router_http_addr()[0]  # type: ignore[index]
-            argv += ["--router-http", f"[{http_host}]:{http_port}" if ":" in http_host
-                     else f"{http_host}:{http_port}"]
+            argv += ["--router-http", _bracketed(router_http_where)]
         if s.router_tokens:
             argv += ["--tokens", os.path.abspath(s.router_tokens)]
         if s.dev:
             argv.append("--dev")
-        self.router_workers = WorkerPool(s.router_workers - 1, argv)
+        self.router_workers = WorkerPool(s.router_workers, argv)
         await self.router_workers.start()
 
     async def _shutdown(self, leave: bool) -> None:
@@ -627,17 +699,20 @@ class Agent:
             await self._admin.stop(ADMIN_GRACE)  # type: ignore[attr-defined]
             if self._authorizer is not None:
                 self._authorizer.audit.close()
+        # In-flight requests finish (drain); new ones are refused once stop() begins.  The
+        # workers drain theirs, still scoring through this agent.
+        stops = []
         if self._router is not None:
-            # In-flight requests finish (drain); new ones are refused once stop() begins.
-            # The workers drain theirs at the same time, still scoring through this agent.
-            stops = [self._router.stop(ROUTER_GRACE)]  # type: ignore[attr-defined]
-            if self._router_http is not None:
-                stops.append(self._router_http.cleanup())  # type: ignore[attr-defined]
-            if self.router_workers is not None:
-                stops.append(self.router_workers.stop(ROUTER_GRACE))
-            await asyncio.gather(*stops)
-            if self.router is not None:
-                await self.router.close()
+            stops.append(self._router.stop(ROUTER_GRACE))  # type: ignore[attr-defined]
+        if self._router_http is not None:
+            stops.append(self._router_http.cleanup())  # type: ignore[attr-defined]
+        if self.router_workers is not None:
+            stops.append(self.router_workers.stop(ROUTER_GRACE))
+        await asyncio.gather(*stops)
+        if self.router is not None:
+            await self.router.close()
+        for sock in self._router_ports:
+            sock.close()
         if self._workers_link is not None:
             self._workers_link.close()
         if self._workers_score is not None:

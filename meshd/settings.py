@@ -19,7 +19,7 @@ from typing import Any
 from adapters.triton import EndpointError, TritonEndpoint
 from certs.names import MAX_NAMES, SanError, parse_name
 from gossip.keyring import KeyringError, decode_key
-from gossip.state import ROLES, Addr
+from gossip.state import MESH_TAG, ROLES, Addr
 
 DEFAULT_GOSSIP_PORT = 7946
 DEFAULT_ADMIN_PORT = 7960
@@ -29,6 +29,7 @@ DEFAULT_SCORE_PORT = 7961
 DEFAULT_ROUTER_PORT = 9000
 DEFAULT_ROUTER_HTTP_PORT = 9001
 MAX_ROUTER_WORKERS = 64
+DEFAULT_ROUTER_INFLIGHT_MIB = 256
 
 
 class SettingsError(ValueError):
@@ -130,9 +131,16 @@ class Settings:
     """Extra DNS names and IP addresses for this node's certificate (a load balancer's name,
     say), besides those :meth:`cert_names` derives from the addresses above."""
     router_workers: int = 1
-    """Processes serving the router port: the agent and ``N - 1`` worker processes sharing it
-    (SO_REUSEPORT, Linux), each on its own core.  The kernel spreads client connections over
-    them; one connection stays with one process."""
+    """Router worker processes serving the router's ports (``--role router``); the agent
+    serves none itself, so no request shares a thread with gossip, Raft or the admin API.
+    More than one shares the ports with SO_REUSEPORT (Linux), each on its own core: the
+    kernel spreads client connections over them, one connection staying with one process.
+    0 serves the router in the agent's own event loop, as before workers were the default
+    (a request can then delay the control plane: for comparison only)."""
+    router_inflight_mib: int = DEFAULT_ROUTER_INFLIGHT_MIB
+    """MiB of request messages each router process holds in flight (received and not yet
+    answered) at most; a request beyond it is shed (RESOURCE_EXHAUSTED, HTTP 429, reason
+    ``memory``) before it is parsed."""
 
     # --- derived ---------------------------------------------------------------------------
 
@@ -258,6 +266,9 @@ class Settings:
             if not k or len(k) > 64 or len(v) > 256:
                 raise SettingsError(f"tag: {k!r} must be 1..64 characters with a value of at "
                                     "most 256")
+            if k == MESH_TAG:
+                raise SettingsError(f"tag: {k!r} is reserved: it carries the mesh id of this "
+                                    "node's certificate")
         if len(self.zone) > 64 or len(self.region) > 64:
             raise SettingsError("zone/region: at most 64 characters")
         if self.encrypt:
@@ -280,11 +291,14 @@ class Settings:
             raise SettingsError("jwt_issuer: required with jwt_jwks/jwt_key")
         if self.jwt_jwks and self.jwt_key:
             raise SettingsError("jwt_jwks, jwt_key: give one of them")
-        if not 1 <= self.router_workers <= MAX_ROUTER_WORKERS:
-            raise SettingsError(f"router_workers: must be 1..{MAX_ROUTER_WORKERS}")
+        if not 0 <= self.router_workers <= MAX_ROUTER_WORKERS:
+            raise SettingsError(f"router_workers: must be 0..{MAX_ROUTER_WORKERS}")
         if self.router_workers > 1 and not sys.platform.startswith("linux"):
             raise SettingsError("router_workers: more than 1 needs Linux (the kernel's "
                                 "SO_REUSEPORT balancing)")
+        if not 64 <= self.router_inflight_mib <= 1 << 20:
+            raise SettingsError("router_inflight_mib: must be 64..1048576 MiB (at least one "
+                                "request of the largest size)")
         if not 0 <= self.bootstrap_expect <= 15:
             raise SettingsError("bootstrap_expect: must be 0..15 coordinators")
         if self.bootstrap_expect and "coordinator" not in self.roles:
@@ -394,7 +408,7 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
 
 _LISTS = {"join", "roles", "subscribe", "cert_san"}
 _BOOLS = {"retry_join", "dev"}
-_INTS = {"retry_max", "bootstrap_expect", "router_workers"}
+_INTS = {"retry_max", "bootstrap_expect", "router_workers", "router_inflight_mib"}
 _FLOATS = {"retry_interval", "cert_lifetime", "queue_interval", "stats_interval"}
 
 
@@ -482,7 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
            "port, 9001)")
     a("--router-tokens", metavar="FILE", help="per-tenant bearer tokens for router clients")
     a("--router-workers", type=int, metavar="N",
-      help="processes serving the router port, this one included (default 1; Linux)")
+      help="router worker processes serving the router's ports (default 1; more than 1: "
+           "Linux; 0: this process serves them, in the control plane's event loop)")
+    a("--router-inflight-mib", type=int, metavar="MIB",
+      help="request bytes each router process holds in flight at most, in MiB (default "
+           f"{DEFAULT_ROUTER_INFLIGHT_MIB}); beyond it requests are shed")
     return p
 
 

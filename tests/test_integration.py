@@ -541,3 +541,29 @@ def test_devmesh_attaches_triton_replicas(tmp_path: Path) -> None:
             if str(work).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                 left.append(pid)
     assert not left, f"processes left behind: {left}"
+
+
+def test_a_node_of_another_mesh_is_refused_by_gossip(clusters) -> None:
+    """Every agent names its mesh (its certificate's mesh id) in its metadata; an alive of a
+    node that names another mesh is dropped, counted and reported once, never a member."""
+    from gossip.state import NodeMeta
+
+    c = clusters(2)
+    c.start()
+    c.wait_converged(CONVERGE)
+    mesh = c.ca.mesh
+    assert len(mesh) == 32
+    assert {dict(m.tags).get("mesh") for m in c.seed.members().values()} == {mesh}
+    n1 = c.seed
+    before = metric_sum(n1.metrics(), DROPPED, reason="other_mesh")
+    other = NodeMeta.build(["gpu"], tags={"mesh": "f" * 32}).encode()
+    packet = codec.seal(codec.compound([codec.alive(1, "intruder", "127.0.0.9", 7946, other)]),
+                        None)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _ in range(3):
+            s.sendto(packet, (n1.ip, n1.gossip_port))
+    c.wait_for(lambda: metric_sum(n1.metrics(), DROPPED, reason="other_mesh") >= before + 3,
+               5, "3 other_mesh drops on n1")
+    assert "intruder" not in n1.members()
+    refused = n1.events("member_other_mesh")
+    assert len(refused) == 1 and "f" * 32 in refused[0]["detail"], refused

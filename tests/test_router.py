@@ -369,10 +369,11 @@ def test_a_deadline_no_replica_can_meet_is_deadline_exceeded_with_no_retry_hint(
         h.close()
 
 
-def test_a_message_over_the_payload_limit_is_refused_before_it_is_buffered(
+def test_a_message_over_the_payload_limit_is_refused_before_it_is_parsed(
         two: tuple[RouterHarness, list[TritonServer]]) -> None:
     """gRPC's receive limit is validation's (64 MiB of inputs) plus headroom, so an oversized
-    request never reaches the router's loop, let alone a replica."""
+    request is refused by gRPC itself: never parsed, never counted, never sent to a
+    replica."""
     from meshd.router.gateway import MAX_PAYLOAD, MESSAGE_HEADROOM
 
     h, servers = two

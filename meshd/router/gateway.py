@@ -210,8 +210,10 @@ MAX_PAYLOAD = 64 << 20
 beyond)."""
 MESSAGE_HEADROOM = 1 << 20
 """Bytes a request may have beyond its payload (names, shapes, parameters, JSON).  The
-ingresses refuse a message larger than payload + headroom before buffering the rest of it, so
-no request can make the router hold more than validation would ever accept."""
+ingresses refuse a message larger than payload + headroom before parsing it: gRPC (grpcio
+1.81) still receives the whole message first, so what a huge one costs is its transfer and its
+bytes for a moment, in a router worker process (never the agent's, by default), and the
+HTTP ingress refuses a body by its Content-Length before reading it."""
 
 
 class Gateway:

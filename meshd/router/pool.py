@@ -1,5 +1,6 @@
-"""The router worker processes an agent keeps running (``--router-workers N``): N - 1 of
-:mod:`meshd.router.worker` beside the agent's own router, restarted when one dies.
+"""The router worker processes an agent keeps running (``--router-workers N``, default 1): N
+of :mod:`meshd.router.worker`, which serve the router's ports (the agent serves none), each
+restarted when it dies.
 
 Restarts back off (1 s, doubling to 30 s, reset after a worker has run for a minute), so a
 worker that cannot start (a port taken by something else, a broken token file) does not

@@ -5,12 +5,16 @@ parse, validate and relay requests; the scorer stays in the agent, where the fus
 the decisions and every target's estimates live, so all workers route on one state.
 
 The calls every request makes go over the score link (:mod:`meshd.score.link`), one frame
-each way on a Unix socket: a score, and a hedge target when one is due.  Outcomes are not a
-round trip each: those reported in one turn of the event loop go out as one frame (a report
-lost to a broken link is a decision the agent releases at its deadline).  The rest is the
-gRPC score API: weights, used only off the hot path (model configs, ``ModelReady``, relayed
-metadata), from a ``WatchTargets`` stream per model that is dropped after a minute without
-use; the model list; the counters.
+each way on a Unix socket (loopback TCP where there are none): a score, and a hedge target
+when one is due.  Outcomes are not a round trip each: those reported before a call go out
+in the call's own write, ahead of it (the gateway reports a request's outcomes as it scores
+the next one, so the agent takes both on one wake-up), and those left at the end of a turn
+of the event loop as one frame (a report lost to a broken link is a decision the agent
+releases at its deadline).  A call the agent has not answered in ``CALL_TIMEOUT`` fails
+UNAVAILABLE; the calls are swept for that a few times a second, not timed one by one.  The
+rest is the gRPC score API: weights, used only off the hot path (model configs,
+``ModelReady``, relayed metadata), from a ``WatchTargets`` stream per model that is dropped
+after a minute without use; the model list; the counters.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +43,8 @@ MAX_BATCH = 1024
 """Outcomes written in one frame (the agent takes at most 4096)."""
 WATCH_IDLE = 60.0
 """Seconds after its last use that a model's weights stream is closed."""
+SWEEP = 0.25
+"""Seconds between looks for calls past ``CALL_TIMEOUT``."""
 
 
 @dataclass(slots=True)
@@ -92,6 +99,8 @@ class RemoteScoring:
     ``unix:/var/lib/meshd/score.sock``)."""
 
     def __init__(self, target: str, link: str) -> None:
+        """``link``: a Unix socket path, or ``tcp:HOST:PORT`` (loopback, where the platform
+        has no Unix sockets for asyncio)."""
         self.channel = grpc.aio.insecure_channel(target)
         self.stub = score_pb2_grpc.ScoreStub(self.channel)
         self.link_path = link
@@ -99,6 +108,10 @@ class RemoteScoring:
         self._connecting: asyncio.Future[_Link] | None = None
         self._next_call = 0
         self._outcomes: list[score_pb2.OutcomeReport] = []
+        self._pending: deque[tuple[float, int, asyncio.Future[tuple[int, bytes]], _Link]] = \
+            deque()
+        """Calls in the order sent, with the time each expires (the sweep's)."""
+        self._sweeper: asyncio.TimerHandle | None = None
         self._watches: dict[tuple[str, str], _Watch] = {}
         self.dropped = 0
         """Outcomes dropped because the link was down when they were sent."""
@@ -120,10 +133,15 @@ class RemoteScoring:
 
     async def _connect(self) -> _Link:
         loop = asyncio.get_running_loop()
+        path = self.link_path
         try:
-            _, link = await asyncio.wait_for(
-                loop.create_unix_connection(_Link, self.link_path), CALL_TIMEOUT)
-        except (OSError, TimeoutError) as exc:
+            if path.startswith("tcp:"):
+                host, _, port = path[4:].rpartition(":")
+                connect = loop.create_connection(_Link, host.strip("[]"), int(port))
+            else:
+                connect = loop.create_unix_connection(_Link, path)
+            _, link = await asyncio.wait_for(connect, CALL_TIMEOUT)
+        except (OSError, TimeoutError, ValueError) as exc:
             raise ScoringUnavailable(f"cannot reach the agent's score link at "
                                      f"{self.link_path}: {exc}") from None
         self._link = link
@@ -138,12 +156,30 @@ class RemoteScoring:
         fut: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         link.calls[call] = fut
         assert link.transport is not None
-        link.transport.write(score_link.frame(kind, call, payload))
-        timer = loop.call_later(CALL_TIMEOUT, _expire, fut, link.calls, call)
-        try:
-            return await fut
-        finally:
-            timer.cancel()
+        data = score_link.frame(kind, call, payload)
+        if self._outcomes:  # reported before this call: ahead of it, in the same write
+            data = self._report_frames() + data
+        link.transport.write(data)
+        self._pending.append((loop.time() + CALL_TIMEOUT, call, fut, link))
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(SWEEP, self._sweep_calls)
+        return await fut
+
+    def _sweep_calls(self) -> None:
+        """Fail the calls past their time; look again while any are pending."""
+        pending = self._pending
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while pending:
+            expires, call, fut, link = pending[0]
+            if expires > now and not fut.done():
+                break
+            pending.popleft()
+            link.calls.pop(call, None)  # answered already, or cancelled, or past its time
+            if not fut.done():
+                fut.set_exception(ScoringUnavailable(
+                    f"the agent did not answer in {CALL_TIMEOUT} s"))
+        self._sweeper = loop.call_later(SWEEP, self._sweep_calls) if pending else None
 
     async def score(self, req: ScoreRequest) -> Scored:
         msg = score_pb2.ScoreRequest(
@@ -169,17 +205,26 @@ class RemoteScoring:
         for did, replica, latency, status, hedge, last in outcomes:
             self.report(did, replica, latency, status, hedge=hedge, last=last)
 
-    def _flush(self) -> None:
+    def _report_frames(self) -> bytes:
+        """The outcomes reported so far, as ``REPORT`` frames (taken: sent by the caller)."""
         outcomes, self._outcomes = self._outcomes, []
+        if len(outcomes) <= MAX_BATCH:
+            return score_link.frame(score_link.REPORT, 0, score_pb2.OutcomeBatch(
+                reports=outcomes).SerializeToString())
+        return b"".join(score_link.frame(score_link.REPORT, 0, score_pb2.OutcomeBatch(
+            reports=outcomes[i:i + MAX_BATCH]).SerializeToString())
+            for i in range(0, len(outcomes), MAX_BATCH))
+
+    def _flush(self) -> None:
+        if not self._outcomes:  # gone ahead of a call this turn
+            return
         link = self._link
         if link is None or link.lost or link.transport is None:
-            self.dropped += len(outcomes)
+            self.dropped += len(self._outcomes)
+            self._outcomes = []
             self._connect_soon()  # for the next ones
             return
-        for i in range(0, len(outcomes), MAX_BATCH):
-            batch = score_pb2.OutcomeBatch(reports=outcomes[i:i + MAX_BATCH])
-            link.transport.write(score_link.frame(score_link.REPORT, 0,
-                                                  batch.SerializeToString()))
+        link.transport.write(self._report_frames())
 
     async def hedge_target(self, decision_id: int, replica: str) -> Choice | None:
         msg = score_pb2.HedgeRequest(decision_id=decision_id, replica=replica)
@@ -247,6 +292,9 @@ class RemoteScoring:
     async def close(self) -> None:
         if self._outcomes:  # each report releases a decision's admission: send them
             self._flush()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         tasks = [w.task for w in self._watches.values() if w.task is not None]
         for task in tasks:
             task.cancel()
@@ -254,13 +302,6 @@ class RemoteScoring:
         if self._link is not None and self._link.transport is not None:
             self._link.transport.close()
         await self.channel.close()
-
-
-def _expire(fut: asyncio.Future[tuple[int, bytes]],
-            calls: dict[int, asyncio.Future[tuple[int, bytes]]], call: int) -> None:
-    calls.pop(call, None)
-    if not fut.done():
-        fut.set_exception(ScoringUnavailable(f"the agent did not answer in {CALL_TIMEOUT} s"))
 
 
 def _failure(exc: grpc.aio.AioRpcError) -> ScoringUnavailable:

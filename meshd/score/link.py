@@ -18,7 +18,9 @@ the connection is closed: after a bad frame, nothing that follows can be trusted
 worker reconnects.
 
 Plaintext, like the score API on a Unix socket: only processes on the host reach it, and
-the socket lives in the agent's data directory.
+the socket lives in the agent's data directory.  Where asyncio has no Unix sockets (Windows)
+the link is on a loopback TCP port (:func:`serve_loopback`), plaintext as the score API is
+on loopback.
 """
 
 from __future__ import annotations
@@ -159,3 +161,16 @@ async def serve(scorer: Scorer, clock: Callable[[], float], path: str
     loop = asyncio.get_running_loop()
     server = await loop.create_unix_server(lambda: LinkServer(scorer, clock, counts), path)
     return server, counts
+
+
+async def serve_loopback(scorer: Scorer, clock: Callable[[], float]
+                         ) -> tuple[asyncio.Server, Counter[str], str]:
+    """:func:`serve` on a loopback TCP port instead, for platforms whose event loop has no
+    Unix sockets (Windows): the server, its counts and its address, ``tcp:127.0.0.1:PORT``
+    (what :class:`meshd.router.remote_scoring.RemoteScoring` takes).  Plaintext on loopback,
+    as the score API is by default."""
+    counts: Counter[str] = Counter()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: LinkServer(scorer, clock, counts), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, counts, f"tcp:127.0.0.1:{port}"
