@@ -197,3 +197,11 @@ def test_meshctl_rtt_text_for_each_source() -> None:
     odd = ctl.format_rtt_answer(resp(source="coordinates", rtt_seconds=0.05, error=0.1,
                                      confidence=0.45, relation="same-zone", consistent=False))
     assert "50.000 ms" in odd and "contradict" in odd
+
+
+def test_the_member_table_leaves_out_the_mesh_id_every_member_shares() -> None:
+    resp = admin_pb2.MembersResponse(members=[admin_pb2.Member(
+        name="a", address="127.0.0.1:7946", status="alive",
+        tags={"mesh": "e" * 32, "rack": "r7"})])
+    table = ctl.format_members_table(resp)
+    assert "rack=r7" in table and "mesh=" not in table

@@ -8,6 +8,7 @@ import sys
 
 from google.protobuf.json_format import MessageToDict
 
+from gossip.state import MESH_TAG
 from proto.mesh.v1 import admin_pb2
 
 
@@ -35,6 +36,9 @@ def format_members_table(resp: admin_pb2.MembersResponse, detailed: bool = False
 
     ``detailed`` adds each member's coordinate error and height and the estimated RTT from
     the answering node (``~`` when it comes from zone labels, not coordinates).
+
+    The mesh id tag is left out: every member of one mesh has the same (``--format json``
+    shows it).
     """
     header: tuple[str, ...] = ("NAME", "ADDRESS", "STATUS", "INC", "AGE", "ROLES", "ZONE",
                                "FLAGS", "TAGS")
@@ -46,7 +50,7 @@ def format_members_table(resp: admin_pb2.MembersResponse, detailed: bool = False
             ("*" if m.is_local else "") + m.name, m.address, m.status, str(m.incarnation),
             _age(m.status_age_seconds), ",".join(m.roles) or "-",
             "/".join(x for x in (m.region, m.zone) if x) or "-", ",".join(m.flags) or "-",
-            ",".join(f"{k}={v}" for k, v in sorted(m.tags.items())) or "-")
+            ",".join(f"{k}={v}" for k, v in sorted(m.tags.items()) if k != MESH_TAG) or "-")
         if detailed:
             has = m.HasField("coordinate")
             row += (f"{m.coordinate.error:.3f}" if has else "-",
