@@ -21,6 +21,11 @@ Uses the integration-test harness (``testbed/cluster.py``): node ``i`` runs on 1
 
 Bars: detection by all <= 11 s (every kill); idle agent <= 80 MB RSS and <= 2% of one core.
 Prints one table and writes ``bench/results/gossip_procs.json``.
+
+``--full`` runs the full agent: every node with the router, trainer, gpu (CPU-only here: no
+NVML) and edge roles, the first three also coordinators running the Raft groups.  The idle
+figures are then the agent processes' (the bars), with its children (the router's worker
+processes) reported beside them.  It writes ``gossip_procs_full.json`` by default.
 """
 
 from __future__ import annotations
@@ -93,11 +98,36 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (Linux: /proc; elsewhere none)."""
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
 def measure_idle(nodes: list[Node], seconds: float) -> dict[str, Any]:
+    kids = {n.name: children(n.pid) for n in nodes}
     before = {n.name: cpu_seconds(n.pid) for n in nodes}
+    kids_before = {n.name: sum(cpu_seconds(k) or 0.0 for k in kids[n.name]) for n in nodes}
     t0 = time.monotonic()
     time.sleep(seconds)
     wall = time.monotonic() - t0
+    kids_cpu = {n.name: 100.0 * (sum(cpu_seconds(k) or 0.0 for k in kids[n.name])
+                                 - kids_before[n.name]) / wall for n in nodes if kids[n.name]}
+    kids_rss = {n.name: sum(rss_mb(k) or 0.0 for k in kids[n.name]) for n in nodes
+                if kids[n.name]}
     cpu: dict[str, float] = {}
     for n in nodes:
         after = cpu_seconds(n.pid)
@@ -110,7 +140,8 @@ def measure_idle(nodes: list[Node], seconds: float) -> dict[str, Any]:
             threads[n.name] = len(os.listdir(f"/proc/{n.pid}/task"))
         except OSError:
             pass
-    return {"seconds": wall, "cpu_pct": cpu, "rss_mb": rss, "threads": threads}
+    return {"seconds": wall, "cpu_pct": cpu, "rss_mb": rss, "threads": threads,
+            "children_cpu_pct": kids_cpu, "children_rss_mb": kids_rss}
 
 
 # --- scenarios --------------------------------------------------------------------------------
@@ -158,8 +189,23 @@ def detect_times(c: Cluster, victim: Node, killed_at: float, timeout: float) -> 
             "marked_dead_by": len(seen), "survivors": len(survivors)}
 
 
-def run(n_nodes: int, idle_s: float, kills: int, workdir: Path) -> dict[str, Any]:
-    c = Cluster(n_nodes, workdir, profile="lan")
+FULL_ROLES = ["--role", "router", "--role", "trainer", "--role", "gpu", "--role", "edge"]
+COORDINATORS = 3
+
+
+def run(n_nodes: int, idle_s: float, kills: int, workdir: Path,
+        full: bool = False) -> dict[str, Any]:
+    node_args = None
+    if full:
+        from testbed.cluster import node_ip
+        from testbed.raft import coordinator_args, pick_raft_port
+
+        raft = pick_raft_port([node_ip(i) for i in range(1, n_nodes + 1)])
+
+        def node_args(i: int) -> list[str]:
+            coord = coordinator_args(i, raft, COORDINATORS) if i <= COORDINATORS else []
+            return FULL_ROLES + coord
+    c = Cluster(n_nodes, workdir, profile="lan", node_args=node_args)
     try:
         print(f"starting {n_nodes} meshd processes (logs under {workdir})", file=sys.stderr,
               flush=True)
@@ -175,7 +221,7 @@ def run(n_nodes: int, idle_s: float, kills: int, workdir: Path) -> dict[str, Any
         idle = measure_idle(c.nodes, idle_s)
         detect = []
         for k in range(kills):
-            victim = c.nodes[(n_nodes // 2 + 3 * k) % n_nodes]
+            victim = c.nodes[(n_nodes // 2 + 3 * k) % n_nodes]  # never a coordinator
             killed_at = time.time()
             victim.kill()
             d = detect_times(c, victim, killed_at, 60)
@@ -236,6 +282,13 @@ def build_rows(n: int, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                      verdict(max(cpu) <= CPU_BAR_PCT)))
     else:
         rows.append(("idle CPU per agent", "unavailable", f"<= {CPU_BAR_PCT:.0f} %", "-"))
+    kids_rss = list(idle.get("children_rss_mb", {}).values())
+    kids_cpu = list(idle.get("children_cpu_pct", {}).values())
+    if kids_rss:
+        rows.append((f"  its children (router workers): RSS mean (max) over {len(kids_rss)}",
+                     f"{statistics.mean(kids_rss):.1f} MB ({max(kids_rss):.1f})", "-", ""))
+        rows.append(("  its children: CPU, % of a core: mean (max)",
+                     f"{statistics.mean(kids_cpu):.2f} % ({max(kids_cpu):.2f})", "-", ""))
     rows.append(("false deaths (members other than the killed ones)",
                  str(len(r["false_deaths"])), "0", verdict(not r["false_deaths"])))
     return rows
@@ -249,19 +302,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--idle", type=float, default=30.0, help="idle measurement, seconds")
     ap.add_argument("--kills", type=int, default=3, help="nodes killed one after another")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gossip_procs.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default bench/results/gossip_procs.json (gossip_procs_full.json)")
+    ap.add_argument("--full", action="store_true",
+                    help="every role on (coordinators on the first three): the full agent")
     ap.add_argument("--keep-logs", action="store_true", help="keep the agents' logs")
     args = ap.parse_args(argv)
     if not 2 <= args.nodes <= 250:
         ap.error("--nodes must be 2..250")
     if not 1 <= args.kills <= args.nodes - 2:
         ap.error("--kills must be 1..nodes-2")
+    if args.full and args.nodes < 8:
+        ap.error("--full needs at least 8 nodes (3 coordinators, kills elsewhere)")
+    if args.out is None:
+        name = "gossip_procs_full.json" if args.full else "gossip_procs.json"
+        args.out = ROOT / "bench" / "results" / name
     wall0 = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="gossip-procs-"))
-    r = run(args.nodes, args.idle, args.kills, workdir)
+    r = run(args.nodes, args.idle, args.kills, workdir, full=args.full)
     wall = time.monotonic() - wall0
     rows = build_rows(args.nodes, r)
-    print(f"\n{args.nodes} real meshd processes on loopback, LAN profile "
+    print(f"\n{args.nodes} real meshd processes on loopback, LAN profile"
+          f"{', every role on' if args.full else ''} "
           f"({os.cpu_count()} CPUs, Python {platform.python_version()})")
     print_table(HEAD, rows)
     print(f"\nwall time {wall:.0f} s")
@@ -272,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "wall_s": wall,
-        "setup": {"nodes": args.nodes, "profile": "lan", "idle_s": args.idle,
+        "setup": {"nodes": args.nodes, "profile": "lan", "idle_s": args.idle, "full": args.full,
                   "kills": args.kills,
                   "bars": {"detect_all_s": DETECT_BAR_S, "rss_mb": RSS_BAR_MB,
                            "cpu_pct_of_core": CPU_BAR_PCT}},
