@@ -656,24 +656,22 @@ class Agent:
         loopback TCP ports where asyncio has no Unix sockets)."""
         s = self.settings
         clock = asyncio.get_running_loop().time
-        link: str
+        api_at: str | tuple[str, int] = ("127.0.0.1", 0)
         if UNIX_SOCKETS:
             where = Path(s.data_path())
             if len(str(where)) > 80:  # sun_path holds 108 bytes
                 self._workers_dir = tempfile.mkdtemp(prefix="meshd-")
                 where = Path(self._workers_dir)
-            api_path, link_path = where / "router-score.sock", where / "router-link.sock"
+            api_path = where / "router-score.sock"
             api_path.unlink(missing_ok=True)
-            self._workers_score, api = await score_api.serve(
-                self.scorer, clock, str(api_path), lambda: self.security.identity,
-                self.worker_counters)
+            api_at = str(api_path)
+        self._workers_score, api = await score_api.serve(
+            self.scorer, clock, api_at, lambda: self.security.identity, self.worker_counters)
+        if UNIX_SOCKETS:
+            link = str(where / "router-link.sock")
             self._workers_link, self.link_counts = await score_link.serve(
-                self.scorer, clock, str(link_path))
-            link = str(link_path)
+                self.scorer, clock, link)
         else:
-            self._workers_score, api = await score_api.serve(
-                self.scorer, clock, ("127.0.0.1", 0), lambda: self.security.identity,
-                self.worker_counters)
             self._workers_link, self.link_counts, link = await score_link.serve_loopback(
                 self.scorer, clock)
         argv = ["--score", api, "--link", link, "--router", _bracketed(router_where),

@@ -24,7 +24,8 @@ def commit_of(ref: str) -> str | None:
     """The full hash ``ref`` names in this repository, or None (a shallow clone lacks it)."""
     got = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
                           f"{ref}^{{commit}}"], capture_output=True, text=True)
-    return got.stdout.strip() or None if got.returncode == 0 else None
+    commit = got.stdout.strip()
+    return commit if got.returncode == 0 and commit else None
 
 
 def extract(ref: str, into: Path) -> Path:

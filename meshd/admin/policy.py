@@ -174,7 +174,7 @@ class PolicyAdmin:
         if request.consistent:
             timeout = await calls.timeout(request.timeout_seconds, context)
             result = await calls.commit(self.control, context, group,
-                                  {"op": "read", "kind": kind, "name": name}, timeout)
+                                        {"op": "read", "kind": kind, "name": name}, timeout)
             doc = result.get("doc")
             return admin_pb2.PolicyGetResponse(
                 document_json=json.dumps(doc) if doc else "", found=doc is not None,

@@ -92,20 +92,8 @@ def encode_section(groups: dict[str, GroupStatus]) -> bytes:
     return bytes(msgpack.packb(doc, use_bin_type=True))
 
 
-def command_version_of(raw: bytes) -> int:
-    """The command format a coordinator's raft section says it applies (1: a build before
-    formats, or a section that does not say)."""
-    try:
-        doc = msgpack.unpackb(raw, raw=False, max_map_len=16, max_array_len=64,
-                              max_str_len=256)
-    except (ValueError, TypeError, msgpack.UnpackException):
-        return 1
-    v = doc.get(COMMAND_VERSION_KEY) if isinstance(doc, dict) else None
-    return v if type(v) is int and v >= 1 else 1  # noqa: E721
-
-
-def decode_section(raw: bytes) -> dict[str, tuple[str, int, tuple[str, ...]]]:
-    """The ``raft`` section; malformed input raises ValueError."""
+def _section_doc(raw: bytes) -> dict[Any, Any]:
+    """The ``raft`` section's map; ValueError when it is not one."""
     try:
         doc = msgpack.unpackb(raw, raw=False, max_map_len=16, max_array_len=64,
                               max_str_len=256)
@@ -113,6 +101,10 @@ def decode_section(raw: bytes) -> dict[str, tuple[str, int, tuple[str, ...]]]:
         raise ValueError(f"raft section: not msgpack: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError("raft section: expected a map")
+    return doc
+
+
+def _groups_in(doc: dict[Any, Any]) -> dict[str, tuple[str, int, tuple[str, ...]]]:
     out: dict[str, tuple[str, int, tuple[str, ...]]] = {}
     for group, value in doc.items():
         if group not in GROUPS:
@@ -123,6 +115,25 @@ def decode_section(raw: bytes) -> dict[str, tuple[str, int, tuple[str, ...]]]:
             raise ValueError(f"raft section: bad entry for {group}")
         out[group] = (value[0], value[1], tuple(value[2]))
     return out
+
+
+def _command_version_in(doc: dict[Any, Any]) -> int:
+    v = doc.get(COMMAND_VERSION_KEY)
+    return v if type(v) is int and v >= 1 else 1  # noqa: E721
+
+
+def command_version_of(raw: bytes) -> int:
+    """The command format a coordinator's raft section says it applies (1: a build before
+    formats, or a section that does not say)."""
+    try:
+        return _command_version_in(_section_doc(raw))
+    except ValueError:
+        return 1
+
+
+def decode_section(raw: bytes) -> dict[str, tuple[str, int, tuple[str, ...]]]:
+    """The ``raft`` section; malformed input raises ValueError."""
+    return _groups_in(_section_doc(raw))
 
 
 @dataclass(frozen=True)
@@ -270,8 +281,9 @@ class ControlPlane:
             self.command_versions.pop(member, None)
             return
         try:
-            self.published[member] = decode_section(raw)
-            self.command_versions[member] = command_version_of(raw)
+            doc = _section_doc(raw)
+            self.published[member] = _groups_in(doc)
+            self.command_versions[member] = _command_version_in(doc)
         except ValueError as exc:
             log.debug("bad raft section", extra={"event": "bad_raft_section", "member": member,
                                                  "detail": str(exc)})

@@ -100,6 +100,21 @@ def _kinds(desc: Descriptor) -> dict[int, tuple[int, Any]]:
     return kinds
 
 
+def _varint(buf: bytes, pos: int, first: int) -> tuple[int, int]:
+    """The rest of a varint whose first byte (``first``, high bit set) came before ``pos``:
+    its value and the position past it; ValueError past 64 bits, IndexError past the end."""
+    value, shift = first & 0x7F, 7
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint")
+
+
 def _walk(buf: bytes, pos: int, end: int, desc: Descriptor, left: list[int]) -> int:
     """What parsing ``buf[pos:end]`` as ``desc`` adds beyond its bytes, about; TooManyFields
     when ``left[0]`` fields run out; IndexError or ValueError at bytes that are not a
@@ -110,16 +125,7 @@ def _walk(buf: bytes, pos: int, end: int, desc: Descriptor, left: list[int]) -> 
         key = buf[pos]
         pos += 1
         if key & 0x80:
-            shift, key = 7, key & 0x7F
-            while True:
-                byte = buf[pos]
-                pos += 1
-                key |= (byte & 0x7F) << shift
-                if byte < 0x80:
-                    break
-                shift += 7
-                if shift > 63:
-                    raise ValueError("varint")
+            key, pos = _varint(buf, pos, key)
         left[0] -= 1
         if left[0] < 0:
             raise TooManyFields
@@ -134,16 +140,10 @@ def _walk(buf: bytes, pos: int, end: int, desc: Descriptor, left: list[int]) -> 
         elif wire == 5:
             pos += 4
         elif wire == 2:
-            n = shift = 0
-            while True:
-                byte = buf[pos]
-                pos += 1
-                n |= (byte & 0x7F) << shift
-                if byte < 0x80:
-                    break
-                shift += 7
-                if shift > 63:
-                    raise ValueError("varint")
+            n = buf[pos]
+            pos += 1
+            if n & 0x80:
+                n, pos = _varint(buf, pos, n)
             stop = pos + n
             if stop > end:
                 raise ValueError("length")
@@ -170,9 +170,9 @@ def parsed_weight(raw: bytes, desc: Descriptor = service_pb2.ModelInferRequest.D
     parser refuses them at the first bad byte)."""
     try:
         return 2 * len(raw) + _walk(raw, 0, len(raw), desc, [max_elements])
-    except (IndexError, ValueError) as exc:
-        if isinstance(exc, TooManyFields):
-            raise
+    except TooManyFields:
+        raise
+    except (IndexError, ValueError):
         return len(raw)
 
 
