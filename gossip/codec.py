@@ -18,10 +18,19 @@ grows without breaking older readers, as protobuf does:
 - push-pull records and the payload itself may also grow at their ends.
 
 The frame's ``version`` byte changes only for a format an older reader cannot skip through.
+
+**Mesh message.**  :data:`MESH` (the first optional type) names the sender's mesh in a
+datagram: ``[64, digest]``, where the digest is the first :data:`MESH_DIGEST_BYTES` bytes of
+SHA-256 over the mesh id (:func:`mesh_digest`).  A digest, not the id itself: 12 bytes per
+datagram whatever the id's length (a metadata tag may be 256 characters), so the packet budget
+has one fixed charge; 64 bits keep two meshes apart (they are told apart, not authenticated:
+keys and certificates do that).  Who gets it and what a receiver does with it is the
+protocol's business (``gossip.protocol``); here it is one more message.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import msgpack
@@ -36,11 +45,16 @@ PING, INDIRECT_PING, ACK, NACK, ALIVE, SUSPECT, DEAD, STATE, STATE_DELTA = range
 OPTIONAL_TYPES = 64
 """Message types from here to 127 are optional: skipped by a reader that does not know them."""
 MAX_TYPE = 127
+MESH = 64
+"""Optional: the sender's mesh (:func:`mesh_digest`).  Optional so a build that knows optional
+types but not this one still reads the packet; builds older than optional types drop the whole
+packet, so it goes only to peers known to understand it (see ``gossip.protocol``)."""
+MESH_DIGEST_BYTES = 8
 MAX_EXTRA_FIELDS = 8
 """Fields a newer build may add to a message or record; more is not a newer build."""
 MESSAGE_NAMES = {PING: "ping", INDIRECT_PING: "indirect_ping", ACK: "ack", NACK: "nack",
                  ALIVE: "alive", SUSPECT: "suspect", DEAD: "dead", STATE: "state",
-                 STATE_DELTA: "state_delta"}
+                 STATE_DELTA: "state_delta", MESH: "mesh"}
 
 MAX_NAME = 128
 MAX_HOST = 255
@@ -105,6 +119,17 @@ def state(name: str, version: int, blob: bytes) -> bytes:
 
 def state_delta(name: str, version: int, delta: bytes) -> bytes:
     return _pack([STATE_DELTA, name, version, delta])
+
+
+def mesh_digest(mesh_id: str) -> bytes:
+    """What a :data:`MESH` message carries for ``mesh_id``: a fixed-size digest, so the
+    message costs the same whatever the id's length."""
+    return hashlib.sha256(mesh_id.encode()).digest()[:MESH_DIGEST_BYTES]
+
+
+def mesh(digest: bytes) -> bytes:
+    """A :data:`MESH` message (12 bytes) naming the sender's mesh by its digest."""
+    return _pack([MESH, digest])
 
 
 def compound(messages: list[bytes]) -> bytes:
@@ -190,6 +215,7 @@ _SCHEMAS: dict[int, tuple[Any, ...]] = {
     DEAD: (_is_u64, _is_name, _is_name),
     STATE: (_is_name, _is_u64, lambda v: _is_bytes(v, MAX_BLOB)),
     STATE_DELTA: (_is_name, _is_u64, lambda v: _is_bytes(v, MAX_BLOB)),
+    MESH: (lambda v: type(v) is bytes and len(v) == MESH_DIGEST_BYTES,),  # noqa: E721
 }
 
 

@@ -11,6 +11,16 @@ The protocol follows HashiCorp memberlist: randomized round-robin probing with i
 suspicion with incarnation numbers and refutation, dissemination piggybacked on probes and
 gossip, push-pull anti-entropy, and Lifeguard's local health awareness, dynamic suspicion timeout
 and nacks.
+
+**Mesh ids.**  A node whose metadata names a mesh (:data:`~gossip.state.MESH_TAG`) refuses
+members, push-pulls and datagrams of another mesh.  Every datagram it sends to a peer that
+reads optional message types starts with a :data:`~gossip.codec.MESH` message; one that names
+another mesh makes the receiver drop the whole datagram before applying any of it
+(``other_mesh``).  Who reads optional types: a member whose metadata carries the mesh tag
+(only builds that know optional types set it), or a sender whose datagram we answer carried
+the message itself.  Everyone else (first contact, seeds, builds older than optional types,
+which drop a whole packet holding a type they do not know) gets datagrams as before, and a
+datagram without the message is accepted as before.
 """
 
 from __future__ import annotations
@@ -89,6 +99,8 @@ class _Relay:
     requester_seq: int
     nack_at: float | None
     expires: float
+    tagged: bool
+    """Whether the requester reads the mesh message (our answers to it carry it)."""
 
 
 @dataclass(slots=True)
@@ -134,9 +146,13 @@ class Swim:
             raise MetaError(
                 f"node metadata is {len(meta_raw)} bytes, limit {config.max_meta_bytes}")
         me = Member(name, addr, incarnation, Status.ALIVE, meta, meta_raw, now)
-        self.mesh = meta.mesh
+        self.mesh = ""
         """Our mesh id (:data:`~gossip.state.MESH_TAG`): members naming another are refused."""
+        self._mesh_digest = b""
+        self._mesh_msg = b""  # our MESH message, put first in datagrams to peers that read it
+        self._set_mesh(meta.mesh)
         self._refused: set[str] = set()  # nodes of another mesh reported once each
+        self._other_meshes: dict[bytes, str] = {}  # digests of refused members' meshes
         self._members: dict[str, Member] = {name: me}
         self._nodes: list[str] = [name]  # shuffled; walked for probes, sampled for gossip
         self._probe_index = 0
@@ -259,7 +275,7 @@ class Swim:
         limit = LEAVE_DIRECT_ALL if self._n_live <= LEAVE_DIRECT_ALL else 3 * max(
             1, self.config.gossip_nodes)
         for m in self._random_members(limit, lambda m: m.live):
-            self._send(m.addr, [msg], piggyback=False)
+            self._send(m.addr, [msg], piggyback=False, tagged=bool(m.meta.mesh))
         self._gossip(now)
 
     def left_done(self, now: float) -> bool:
@@ -279,7 +295,7 @@ class Swim:
             raise MetaError(
                 f"node metadata is {len(raw)} bytes, limit {self.config.max_meta_bytes}")
         me = self.local
-        self.mesh = meta.mesh
+        self._set_mesh(meta.mesh)
         me = replace(me, meta=meta, meta_raw=raw,
                      incarnation=min(me.incarnation + 1, codec.MAX_U64))
         self._set_member(me)
@@ -347,7 +363,8 @@ class Swim:
         for seq, relay in list(t.relays.items()):
             if relay.nack_at is not None and now >= relay.nack_at:
                 relay.nack_at = None
-                self._send(relay.requester, [codec.nack(relay.requester_seq)])
+                self._send(relay.requester, [codec.nack(relay.requester_seq)],
+                           tagged=relay.tagged)
                 self.stats.nacks_sent += 1
             if relay.nack_at is None and now >= relay.expires:
                 del t.relays[seq]
@@ -378,9 +395,18 @@ class Swim:
         except codec.DecodeError as exc:
             self.stats.drop(exc.reason)
             return
+        tagged = False  # the sender named our mesh, so it reads the mesh message
+        if self._mesh_digest:
+            for msg in msgs:
+                if msg[0] == codec.MESH:
+                    if msg[1] != self._mesh_digest:
+                        self.stats.drop("other_mesh")
+                        self._refuse_datagram(msg[1], msgs, addr, now)
+                        return
+                    tagged = True
         self.stats.skipped_messages += skipped
         for msg in msgs:
-            self._dispatch(msg, addr, now)
+            self._dispatch(msg, addr, now, tagged)
 
     def handle_stream(self, data: bytes, addr: Addr, now: float) -> bytes | None:
         """Serve a push-pull request: merge the peer's tables, return ours (None if invalid)."""
@@ -425,10 +451,10 @@ class Swim:
 
     # --- dispatch --------------------------------------------------------------------------
 
-    def _dispatch(self, msg: list[Any], addr: Addr, now: float) -> None:
+    def _dispatch(self, msg: list[Any], addr: Addr, now: float, tagged: bool) -> None:
         kind = msg[0]
         if kind == codec.PING:
-            self._on_ping(msg[1], msg[2], msg[3], addr, now)
+            self._on_ping(msg[1], msg[2], msg[3], addr, now, tagged)
         elif kind == codec.ACK:
             self._on_ack(msg[1], msg[2], now)
         elif kind == codec.ALIVE:
@@ -438,7 +464,8 @@ class Swim:
         elif kind == codec.DEAD:
             self._on_dead(msg[1], msg[2], msg[3], now)
         elif kind == codec.INDIRECT_PING:
-            self._on_indirect_ping(msg[1], msg[2], (msg[3], msg[4]), msg[5], addr, now)
+            self._on_indirect_ping(msg[1], msg[2], (msg[3], msg[4]), msg[5], msg[6], addr,
+                                   now, tagged)
         elif kind == codec.NACK:
             probe = self._t.pending.get(msg[1])
             if probe is not None:
@@ -472,7 +499,7 @@ class Swim:
             # ack carries the refutation straight back to us (memberlist puts the ping first,
             # and the ack leaves before the refutation exists).
             msgs.insert(0, codec.suspect(target.incarnation, target.name, self.name))
-        self._send(target.addr, msgs)
+        self._send(target.addr, msgs, tagged=bool(target.meta.mesh))
         self.stats.probes_sent += 1
         self._t.pending[seq] = _Probe(
             target=target.name, sent=now, direct_deadline=now + self.config.probe_timeout,
@@ -520,7 +547,8 @@ class Swim:
         host, port = target.addr
         for helper in helpers:
             self._send(helper.addr, [codec.indirect_ping(seq, target.name, host, port, nack,
-                                                          self.name)])
+                                                          self.name)],
+                       tagged=bool(helper.meta.mesh))
             self.stats.indirect_probes_sent += 1
         if nack:
             probe.expected_nacks = len(helpers)
@@ -541,7 +569,8 @@ class Swim:
             self.stats.suspicions_raised += 1
         self._on_suspect(target.incarnation, target.name, self.name, now)
 
-    def _on_ping(self, seq: int, target: str, source: str, addr: Addr, now: float) -> None:
+    def _on_ping(self, seq: int, target: str, source: str, addr: Addr, now: float,
+                 tagged: bool) -> None:
         if target and target != self.name:
             self.stats.drop("misdirected")
             return
@@ -553,7 +582,7 @@ class Swim:
             # now rather than at the next push-pull.
             accuser = src.name if src.status == Status.LEFT else self.name
             msgs.append(codec.dead(src.incarnation, src.name, accuser))
-        self._send(addr, msgs)
+        self._send(addr, msgs, tagged=tagged or self._reads_mesh(source, addr))
 
     def _on_ack(self, seq: int, payload: bytes, now: float) -> None:
         self.stats.acks_received += 1
@@ -572,16 +601,19 @@ class Swim:
             return
         relay = self._t.relays.pop(seq, None)
         if relay is not None:
-            self._send(relay.requester, [codec.ack(relay.requester_seq, b"")])
+            self._send(relay.requester, [codec.ack(relay.requester_seq, b"")],
+                       tagged=relay.tagged)
 
     def _on_indirect_ping(self, seq: int, target: str, target_addr: Addr, want_nack: bool,
-                          requester: Addr, now: float) -> None:
+                          source: str, requester: Addr, now: float, tagged: bool) -> None:
         own_seq = self._next_seq()
         timeout = self.config.probe_timeout
         self._t.relays[own_seq] = _Relay(requester, seq,
                                          now + timeout * 0.8 if want_nack else None,
-                                         now + timeout)
-        self._send(target_addr, [codec.ping(own_seq, target, self.name)])
+                                         now + timeout,
+                                         tagged or self._reads_mesh(source, requester))
+        self._send(target_addr, [codec.ping(own_seq, target, self.name)],
+                   tagged=self._reads_mesh(target, target_addr))
 
     # --- membership updates ------------------------------------------------------------------
 
@@ -821,15 +853,43 @@ class Swim:
                 return True
         return False
 
-    def _refuse(self, m: Member, now: float) -> None:
-        """Report a node of another mesh, once per name."""
+    def _refuse(self, m: Member, now: float, detail: str = "") -> None:
+        """Report a node of another mesh, once per name (``detail`` defaults to the mesh its
+        metadata names)."""
+        if m.meta.mesh:
+            if len(self._other_meshes) >= MAX_REFUSED_NAMES:
+                self._other_meshes.clear()
+            self._other_meshes[codec.mesh_digest(m.meta.mesh)] = m.meta.mesh
         if m.name in self._refused:
             return
         if len(self._refused) >= MAX_REFUSED_NAMES:
             self._refused.clear()
         self._refused.add(m.name)
-        self._emit(EventKind.OTHER_MESH, m, now, f"of mesh {m.meta.mesh}; this is mesh "
-                                                f"{self.mesh}")
+        self._emit(EventKind.OTHER_MESH, m, now,
+                   detail or f"of mesh {m.meta.mesh}; this is mesh {self.mesh}")
+
+    def _refuse_datagram(self, digest: bytes, msgs: list[list[Any]], addr: Addr,
+                         now: float) -> None:
+        """Report a datagram whose mesh message names another mesh, once per sender: the
+        node its ping names, else its address (a datagram need not name its sender)."""
+        source = next((m[3] if m[0] == codec.PING else m[6] for m in msgs
+                       if m[0] in (codec.PING, codec.INDIRECT_PING)), "")
+        where = f"{addr[0]}:{addr[1]}"
+        known = self._other_meshes.get(digest)
+        theirs = f"mesh {known}" if known else f"another mesh (digest {digest.hex()})"
+        self._refuse(Member(source or where, addr, 0, Status.ALIVE, status_since=now), now,
+                     f"a datagram from {where} is of {theirs}; this is mesh {self.mesh}")
+
+    def _set_mesh(self, mesh: str) -> None:
+        self.mesh = mesh
+        self._mesh_digest = codec.mesh_digest(mesh) if mesh else b""
+        self._mesh_msg = codec.mesh(self._mesh_digest) if mesh else b""
+
+    def _reads_mesh(self, name: str, addr: Addr) -> bool:
+        """Whether the member ``name``, at ``addr``, reads the mesh message (its metadata
+        carries the mesh tag); unknown names and moved addresses do not."""
+        m = self._members.get(name)
+        return m is not None and m.addr == addr and bool(m.meta.mesh)
 
     def _merge_remote(self, source: str, nodes: list[codec.NodeRecord],
                       states: list[codec.StateRecord], now: float) -> None:
@@ -856,7 +916,8 @@ class Swim:
             self.config.gossip_nodes,
             lambda m: m.live or (m.status == Status.DEAD and now - m.status_since <= dead_window))
         for target in targets:
-            if not self._send(target.addr, [], need_broadcasts=True):
+            if not self._send(target.addr, [], need_broadcasts=True,
+                              tagged=bool(target.meta.mesh)):
                 return
             self.stats.gossip_sent += 1
 
@@ -883,8 +944,11 @@ class Swim:
     # --- sending ---------------------------------------------------------------------------
 
     def _send(self, addr: Addr, msgs: list[bytes], need_broadcasts: bool = False,
-              piggyback: bool = True) -> bool:
-        """Queue one packet of ``msgs`` plus as many piggybacked broadcasts as fit."""
+              piggyback: bool = True, tagged: bool = False) -> bool:
+        """Queue one packet of ``msgs`` plus as many piggybacked broadcasts as fit; with
+        ``tagged`` (the peer reads it), our mesh message first, charged to the budget."""
+        if tagged and self._mesh_msg:
+            msgs = [self._mesh_msg, *msgs]
         budget = self.config.packet_size - _PACKET_OVERHEAD
         for m in msgs:
             budget -= len(m)

@@ -72,6 +72,14 @@ valid_metas = st.builds(
 ).map(NodeMeta.encode)
 metas = st.one_of(st.just(NodeMeta().encode()), valid_metas, st.binary(max_size=64))
 blobs = st.binary(max_size=200)
+MESH_OURS, MESH_THEIRS = "0" * 32, "f" * 32
+"""The mesh of the node under test in the meshed runs, and another one."""
+mesh_metas = st.sampled_from([NodeMeta.build(tags={"mesh": m}).encode()
+                              for m in (MESH_OURS, MESH_THEIRS)])
+digests = st.one_of(st.sampled_from([codec.mesh_digest(MESH_OURS),
+                                     codec.mesh_digest(MESH_THEIRS)]),
+                    st.binary(min_size=codec.MESH_DIGEST_BYTES,
+                              max_size=codec.MESH_DIGEST_BYTES))
 
 # Known protocol bug (xfail tests in test_protocol.py): our own incarnation is refuted as
 # accused + 1 and our state version continued as remote + 1, both unbounded, so an input about
@@ -111,10 +119,13 @@ def messages(draw: Any) -> bytes:
         return codec.ack(draw(seqs), draw(st.binary(max_size=codec.MAX_ACK_PAYLOAD)))
     if kind == codec.NACK:
         return codec.nack(draw(seqs))
+    if kind == codec.MESH:
+        return codec.mesh(draw(digests))
     name = draw(names)
     if kind == codec.ALIVE:
         host, port = draw(addrs)
-        return codec.alive(_self_safe(name, draw(u64)), name, host, port, draw(metas))
+        meta = draw(st.one_of(metas, mesh_metas))
+        return codec.alive(_self_safe(name, draw(u64)), name, host, port, meta)
     if kind == codec.SUSPECT:
         return codec.suspect(_self_safe(name, draw(u64)), name, draw(names))
     if kind == codec.DEAD:
@@ -389,11 +400,13 @@ def operations(keyring: Keyring | None) -> st.SearchStrategy[tuple[Any, ...]]:
 class Checker:
     """Drives one ``Swim`` and asserts its invariants after every step."""
 
-    def __init__(self, keyring: Keyring | None = None, cfg: Config | None = None) -> None:
+    def __init__(self, keyring: Keyring | None = None, cfg: Config | None = None,
+                 mesh: str = "") -> None:
         self.keyring = keyring
         self.cfg = cfg or Config.lan(push_pull_interval=20.0, reap_time=30.0)
-        self.swim = Swim(self.cfg, SELF, ADDRS[0], now=0.0, rng=random.Random(7),
-                         keyring=keyring)
+        self.swim = Swim(self.cfg, SELF, ADDRS[0],
+                         NodeMeta.build(tags={"mesh": mesh}) if mesh else None, now=0.0,
+                         rng=random.Random(7), keyring=keyring)
         self.now = 0.0
         self.last_tick = 0.0
         self.incarnation = self.swim.incarnation
@@ -408,6 +421,9 @@ class Checker:
     def receive(self, data: bytes, addr: tuple[str, int]) -> None:
         s = self.swim
         expected = _decode_or_reason(data, self.keyring)
+        if not isinstance(expected, str) and s.mesh and any(
+                m[0] == codec.MESH and m[1] != codec.mesh_digest(s.mesh) for m in expected):
+            expected = "other_mesh"  # a datagram of another mesh: dropped whole
         if not isinstance(expected, str) and _hits_known_overflow(expected):
             self.skipped += 1
             return
@@ -421,13 +437,16 @@ class Checker:
             assert after[expected] == before[expected] + 1
             assert sum(after.values()) == sum(before.values()) + 1
             assert s.members() == members_before
+            assert s.datagrams_to_send() == []  # check() drained the earlier ones
         else:
             changed = {k for k in after if after[k] != before.get(k, 0)}
-            assert changed <= {"misdirected", "meta"}
+            assert changed <= {"misdirected", "meta", "other_mesh"}
 
     def stream(self, data: bytes, as_reply: bool) -> None:
         s = self.swim
         expected = _decode_stream_or_reason(data, self.keyring)
+        if not isinstance(expected, str) and self._of_other_mesh(expected[0], expected[2]):
+            expected = "other_mesh"  # its sender's own record names another mesh
         if not isinstance(expected, str) and _hits_known_overflow([], expected[2], expected[3]):
             self.skipped += 1
             return
@@ -448,6 +467,14 @@ class Checker:
             self.rejected += 1
             assert s.stats.dropped["stream_" + expected] >= 1
             assert self.dropped_total() == before + 1
+
+    def _of_other_mesh(self, source: str, nodes: list[Any]) -> bool:
+        own = next((r for r in nodes if r[0] == source), None)
+        try:
+            theirs = NodeMeta.decode(own[5]).mesh if own is not None else ""
+        except MetaError:
+            return False
+        return bool(self.swim.mesh and theirs and theirs != self.swim.mesh)
 
     def step(self, op: tuple[Any, ...]) -> None:
         s = self.swim
@@ -501,6 +528,12 @@ class Checker:
             msgs = _decode_or_reason(data, self.keyring)
             assert not isinstance(msgs, str)
             assert len(data) <= self.cfg.packet_size
+            # Our mesh message, once and first, or none: none to a peer that may be older.
+            tagged = [i for i, m in enumerate(msgs) if m[0] == codec.MESH]
+            assert tagged in ([], [0]) and (not tagged or msgs[0][1] == codec.mesh_digest(
+                s.mesh))
+            if not s.mesh:
+                assert not tagged
             self.seqs_sent += [m[1] for m in msgs if m[0] in (codec.PING, codec.INDIRECT_PING)]
             del self.seqs_sent[:-32]
         for req in s.streams_to_open():
@@ -523,6 +556,67 @@ def test_swim_with_keyring_survives_random_input(steps: list[tuple[Any, ...]]) -
     c = Checker(keyring=Keyring([KEY_A]))
     for op in steps:
         c.step(op)
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_swim_with_a_mesh_id_survives_random_input(keyed: bool, data: st.DataObject) -> None:
+    """Packets with our mesh's message, another's and none; members of both meshes."""
+    ring = Keyring([KEY_A]) if keyed else None
+    c = Checker(keyring=ring, mesh=MESH_OURS)
+    for op in data.draw(st.lists(operations(ring), min_size=10, max_size=100)):
+        c.step(op)
+
+
+# --- the mesh message ------------------------------------------------------------------------
+
+
+@FAST
+@given(st.text(min_size=1, max_size=256), st.lists(messages(), max_size=4), st.booleans())
+def test_the_mesh_message_round_trips(mesh_id: str, rest: list[bytes], encrypted: bool) -> None:
+    digest = codec.mesh_digest(mesh_id)
+    assert len(digest) == codec.MESH_DIGEST_BYTES and digest == codec.mesh_digest(mesh_id)
+    msg = codec.mesh(digest)
+    assert len(msg) == 12  # the fixed cost per datagram, whatever the id's length
+    ring = Keyring([KEY_A]) if encrypted else None
+    packet = codec.seal(codec.compound([msg, *rest]), ring)
+    decoded, skipped = codec.decode_compound(packet, ring)
+    assert decoded[0] == [codec.MESH, digest] and skipped == 0
+    assert decoded[1:] == [msgpack.unpackb(m, raw=False) for m in rest]
+
+
+malformed_mesh = st.one_of(
+    st.just([codec.MESH]),
+    st.builds(lambda b: [codec.MESH, b], st.binary(max_size=40).filter(
+        lambda b: len(b) != codec.MESH_DIGEST_BYTES)),
+    st.builds(lambda v: [codec.MESH, v], msgpack_values.filter(lambda v: type(v) is not bytes)),
+    st.builds(lambda d, n: [codec.MESH, d, *range(n)], digests,
+              st.integers(codec.MAX_EXTRA_FIELDS + 1, codec.MAX_EXTRA_FIELDS + 4)),
+)
+
+
+@FAST
+@given(malformed_mesh, st.lists(messages(), max_size=3), st.booleans(), st.booleans())
+def test_a_malformed_mesh_message_is_counted_and_its_packet_dropped(
+        bad: list[Any], rest: list[bytes], first: bool, meshed: bool) -> None:
+    body = [_pack(bad), *rest] if first else [*rest, _pack(bad)]
+    packet = codec.seal(codec.compound(body), None)
+    assert _decode_or_reason(packet, None) == "schema"
+    swim = Swim(Config.lan(), SELF, ADDRS[0],
+                NodeMeta.build(tags={"mesh": MESH_OURS}) if meshed else None, now=0.0)
+    swim.datagrams_to_send()
+    members = swim.members()
+    swim.receive(packet, ADDRS[1], 0.0)
+    assert swim.stats.dropped["schema"] == 1 and sum(swim.stats.dropped.values()) == 1
+    assert swim.members() == members and swim.datagrams_to_send() == [] and not swim.events()
+
+
+def test_a_mesh_message_with_fields_added_later_is_read() -> None:
+    digest = codec.mesh_digest(MESH_OURS)
+    packet = codec.seal(codec.compound([_pack([codec.MESH, digest, "later", 1])]), None)
+    assert codec.decode_packet(packet, None) == [[codec.MESH, digest]]
 
 
 # --- long random runs ------------------------------------------------------------------------
@@ -578,6 +672,9 @@ class RandomPeer:
         r = self.rng.random()
         if r < 0.6:
             return NodeMeta().encode()
+        if r < 0.7:
+            mesh = self.rng.choice([MESH_OURS, MESH_THEIRS])
+            return NodeMeta.build(tags={"mesh": mesh}).encode()
         if r < 0.9:
             return NodeMeta.build(roles=self.rng.sample(ROLES, self.rng.randint(0, 2)),
                                   zone=self.text(0, 6), ports={"p": self.rng.randint(0, 65535)},
@@ -597,6 +694,9 @@ class RandomPeer:
             return codec.ack(self.seq(), rng.randbytes(rng.randint(0, 16)))
         if kind == codec.NACK:
             return codec.nack(self.seq())
+        if kind == codec.MESH:
+            return codec.mesh(codec.mesh_digest(rng.choice([MESH_OURS, MESH_THEIRS]))
+                              if rng.random() < 0.9 else rng.randbytes(codec.MESH_DIGEST_BYTES))
         name = self.name()
         if kind == codec.ALIVE:
             host, port = self.addr()
@@ -666,11 +766,11 @@ class RandomPeer:
 @given(seed=st.integers(0, 2**32 - 1), keyed=st.booleans(),
        weights=st.lists(st.floats(0.0, 1.0), min_size=7, max_size=7).filter(
            lambda w: sum(w[:4]) > 0.5),
-       leave_late=st.booleans())
+       leave_late=st.booleans(), meshed=st.booleans())
 def test_swim_long_random_runs(seed: int, keyed: bool, weights: list[float],
-                               leave_late: bool) -> None:
+                               leave_late: bool, meshed: bool) -> None:
     rng = random.Random(seed)
-    c = Checker(keyring=Keyring([KEY_A]) if keyed else None)
+    c = Checker(keyring=Keyring([KEY_A]) if keyed else None, mesh=MESH_OURS if meshed else "")
     peer = RandomPeer(rng, c)
     weights[6] = 0.0 if leave_late else weights[6] * 0.01  # leave is final: keep it rare
     for i in range(600):

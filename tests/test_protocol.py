@@ -932,3 +932,210 @@ def test_leave_tells_every_member_directly_and_stops_probing() -> None:
     for t in (2.0, 3.0, 4.0):
         a.tick(t)
         assert not [m for _, m in sent_messages(a) if m[0] == codec.PING]
+
+
+# --- mesh ids in every datagram ----------------------------------------------------------------
+
+MESH_A, MESH_B = "a" * 32, "b" * 32
+OURS = NodeMeta.build(tags={"mesh": MESH_A})
+THEIRS = NodeMeta.build(tags={"mesh": MESH_B})
+
+
+def mesh_msg(mesh: str) -> bytes:
+    return codec.mesh(codec.mesh_digest(mesh))
+
+
+def types_sent(node: Swim) -> list[tuple[Addr, list[int]]]:
+    """Drain ``node``'s datagrams: each one's address and message types, in order."""
+    return [(addr, [m[0] for m in codec.decode_packet(data, node.keyring)])
+            for data, addr in node.datagrams_to_send()]
+
+
+def old_build_reads(types: list[int]) -> bool:
+    """Whether a build older than optional types reads a packet: it drops the whole packet
+    when one message's type is unknown to it (all of ours below 64 are known to it)."""
+    return all(t < codec.OPTIONAL_TYPES for t in types)
+
+
+def test_a_ping_of_another_mesh_is_dropped_whole_counted_reported_once_and_not_acked() -> None:
+    a = make("a", meta=OURS)
+    learn(a, "c")
+    a.datagrams_to_send()
+    packet = pkt(mesh_msg(MESH_B), codec.ping(7, "a", "b"), codec.suspect(0, "c", "b"))
+    a.receive(packet, ADDR["b"], 1.0)
+    a.receive(packet, ADDR["b"], 2.0)
+    assert a.datagrams_to_send() == []  # no ack
+    assert a.stats.dropped["other_mesh"] == 2
+    assert status(a, "c") == Status.ALIVE  # nothing in it was applied
+    (ev,) = a.events()  # reported once, under the node its ping names
+    assert ev.kind == EventKind.OTHER_MESH and ev.member.name == "b"
+    assert ev.member.addr == ADDR["b"]
+    assert f"from {ADDR['b'][0]}:7946" in ev.detail and MESH_A in ev.detail
+    assert codec.mesh_digest(MESH_B).hex() in ev.detail  # its id is not known here
+
+
+def test_a_datagram_of_a_mesh_refused_before_is_reported_with_that_mesh_id() -> None:
+    a = make("a", meta=OURS)
+    feed(a, alive("b", 0, THEIRS))
+    assert kinds(a.events()) == []
+    feed(a, alive("b", 1, THEIRS))  # b is reported once already
+    a.receive(pkt(mesh_msg(MESH_B), codec.ack(3)), ADDR["c"], 1.0)  # names no sender
+    (ev,) = a.events()
+    assert ev.member.name == f"{ADDR['c'][0]}:7946" and f"of mesh {MESH_B}" in ev.detail
+    assert a.stats.dropped["other_mesh"] == 3 and a.stats.acks_received == 0
+
+
+def test_a_ping_of_our_mesh_is_acked_with_our_mesh_message_first() -> None:
+    a = make("a", meta=OURS)
+    a.datagrams_to_send()
+    a.receive(pkt(mesh_msg(MESH_A), codec.ping(7, "a", "b")), ADDR["b"], 1.0)
+    ((addr, msgs),) = [(addr, codec.decode_packet(d, None)) for d, addr in a.datagrams_to_send()]
+    assert addr == ADDR["b"] and msgs[0] == [codec.MESH, codec.mesh_digest(MESH_A)]
+    assert msgs[1][:2] == [codec.ACK, 7]
+    assert sum(a.stats.dropped.values()) == 0 and a.stats.skipped_messages == 0
+
+
+def test_a_datagram_without_the_mesh_message_is_accepted_and_answered_without_it() -> None:
+    a = make("a", meta=OURS)
+    a.datagrams_to_send()
+    ev = feed(a, alive("b", 0, NodeMeta()), codec.ping(7, "a", "b"), src="b")
+    assert kinds(ev) == [EventKind.JOIN]
+    ((addr, types),) = types_sent(a)
+    assert addr == ADDR["b"] and types[0] == codec.ACK and old_build_reads(types)
+    assert sum(a.stats.dropped.values()) == 0
+    # A tagged member's name, but from another address and without the message: not it.
+    feed(a, alive("c", 0, OURS))
+    a.datagrams_to_send()
+    a.receive(pkt(codec.ping(8, "a", "c")), ADDR["h"], 1.0)
+    ((addr, types),) = types_sent(a)
+    assert addr == ADDR["h"] and types[0] == codec.ACK and old_build_reads(types)
+
+
+def test_a_node_without_a_mesh_id_sends_none_and_accepts_any() -> None:
+    a = make("a")
+    learn(a, "b")
+    feed(a, alive("b", 1, OURS))
+    a.datagrams_to_send()
+    a.receive(pkt(mesh_msg(MESH_B), codec.ping(7, "a", "b")), ADDR["b"], 1.0)
+    ((_, types),) = types_sent(a)
+    assert types[0] == codec.ACK and old_build_reads(types)
+    assert sum(a.stats.dropped.values()) == 0
+    a.tick(a.next_timer())
+    assert all(old_build_reads(t) for _, t in types_sent(a))
+
+
+def test_only_peers_with_the_mesh_tag_get_the_mesh_message() -> None:
+    """A member whose metadata lacks the mesh tag may be a build older than optional types,
+    which drops any packet holding one: it gets every datagram as before."""
+    a = make("a", meta=OURS)
+    feed(a, alive("b", 0, OURS), alive("c", 0, NodeMeta()), alive("d", 0, META_GPU))
+    a.datagrams_to_send()
+    by_addr: dict[Addr, list[list[int]]] = {}
+    now = 0.0
+    for _ in range(30):  # probes, gossip and the relays below reach every peer
+        now = a.next_timer()
+        a.tick(now)
+        for addr, types in types_sent(a):
+            by_addr.setdefault(addr, []).append(types)
+    assert set(by_addr) == {ADDR["b"], ADDR["c"], ADDR["d"]}
+    assert all(t[0] == codec.MESH and t.count(codec.MESH) == 1 for t in by_addr[ADDR["b"]])
+    for peer in ("c", "d"):
+        assert all(old_build_reads(t) for t in by_addr[ADDR[peer]]), by_addr[ADDR[peer]]
+
+
+def test_relays_and_leaves_carry_the_mesh_message_only_to_those_who_read_it() -> None:
+    a = make("a", meta=OURS)
+    feed(a, alive("b", 0, OURS), alive("c", 0, NodeMeta()))
+    a.datagrams_to_send()
+
+    def sent() -> dict[Addr, list[list[int]]]:
+        out: dict[Addr, list[list[int]]] = {}
+        for addr, types in types_sent(a):
+            out.setdefault(addr, []).append(types)
+        assert all(old_build_reads(t) for t in out.get(ADDR["c"], [])), out
+        assert all(t[0] == codec.MESH for t in out.get(ADDR["b"], [])), out
+        return out
+
+    # b (ours, tagged) asks a to probe c (untagged); then c asks a to probe b.
+    a.receive(pkt(mesh_msg(MESH_A), codec.indirect_ping(5, "c", *ADDR["c"], True, "b")),
+              ADDR["b"], 0.1)
+    a.receive(pkt(codec.indirect_ping(6, "b", *ADDR["b"], True, "c")), ADDR["c"], 0.1)
+    out = sent()
+    assert [codec.MESH, codec.PING] in [t[:2] for t in out[ADDR["b"]]]
+    assert codec.PING in [t[0] for t in out[ADDR["c"]]]
+    # A node not known yet (e) whose request names our mesh reads the message.
+    a.receive(pkt(mesh_msg(MESH_A), codec.indirect_ping(7, "c", *ADDR["c"], True, "e")),
+              ADDR["e"], 0.1)
+    a.datagrams_to_send()
+    a.tick(0.1 + CFG.probe_timeout * 0.8)  # nobody answered: nacks to the requesters
+    out = sent()
+    assert [codec.MESH, codec.NACK] in [t[:2] for t in out[ADDR["b"]]]
+    assert [codec.MESH, codec.NACK] in [t[:2] for t in out[ADDR["e"]]]
+    assert codec.NACK in [t[0] for t in out[ADDR["c"]]]
+    a.leave(1.0)
+    out = sent()
+    assert [codec.MESH, codec.DEAD] in [t[:2] for t in out[ADDR["b"]]]
+    assert codec.DEAD in [t[0] for t in out[ADDR["c"]]]
+
+
+def test_the_mesh_message_is_charged_to_the_packet_budget() -> None:
+    """Broadcasts of about 10 bytes fill a packet to within 10 bytes of its limit (encrypted:
+    the budget reserves room for the nonce and tag), so a 12-byte mesh message left out of the
+    budget would overflow it."""
+    ring = Keyring([bytes(range(32))])
+    a = make("a", meta=OURS, keyring=ring)
+
+    def feed(node: Swim, *msgs: bytes) -> None:
+        node.receive(codec.seal(codec.compound(list(msgs)), ring), ADDR["h"], 0.0)
+
+    feed(a, alive("b", 0, OURS))
+    names = [f"n{i}" for i in range(300)]
+    feed(a, *(alive(n, 0, OURS, (f"10.1.0.{i}", 7946)) for i, n in enumerate(names[:200])))
+    feed(a, *(alive(n, 0, OURS, (f"10.1.1.{i}", 7946)) for i, n in enumerate(names[200:])))
+    for i in range(0, 300, 100):
+        feed(a, *(codec.state(n, 1, b"") for n in names[i:i + 100]))
+    a.datagrams_to_send()
+    feed(a, mesh_msg(MESH_A), codec.ping(7, "a", "b"))  # acked
+    ((data, _),) = a.datagrams_to_send()
+    assert CFG.packet_size - 12 < len(data) <= CFG.packet_size, len(data)
+    assert codec.decode_packet(data, ring)[0][0] == codec.MESH
+
+
+def test_mixed_builds_converge_and_old_builds_never_get_the_mesh_message() -> None:
+    """Two nodes of this build beside two that predate optional types (no mesh tag), joined
+    by push-pull: every datagram to an old one is one it can read, the new ones tag theirs."""
+    nodes = [make("a", seed=1, meta=OURS), make("b", seed=2, meta=OURS),
+             make("c", seed=3), make("d", seed=4)]
+    net = Net(*nodes)
+    seen: list[tuple[str, str, list[int]]] = []
+    for node in nodes:
+        def capture(node: Swim = node, take: Any = node.datagrams_to_send) -> list[Any]:
+            out = take()
+            for data, addr in out:
+                to = next(n.name for n in nodes if n.local.addr == addr)
+                seen.append((node.name, to, [m[0] for m in codec.decode_packet(data, None)]))
+            return out
+        node.datagrams_to_send = capture  # type: ignore[method-assign]
+    net.join_all()
+    net.run_until(net.now + 10.0)
+    assert all(n.num_live() == 4 for n in nodes)
+    assert all(old_build_reads(t) for _, to, t in seen if to in "cd")
+    new_to_new = [t for src, to, t in seen if src in "ab" and to in "ab"]
+    assert new_to_new and all(t[0] == codec.MESH for t in new_to_new)
+    assert sum(n.stats.dropped["other_mesh"] for n in nodes) == 0
+
+
+def test_encrypted_datagrams_carry_the_mesh_message_inside() -> None:
+    key = bytes(range(32))
+    a, b = (make(n, seed=i, keyring=Keyring([key]), meta=OURS) for i, n in enumerate("ab", 1))
+    feed_b = codec.seal(codec.compound([alive("b", 0, OURS)]), Keyring([key]))
+    a.receive(feed_b, ADDR["b"], 0.0)
+    a.datagrams_to_send()
+    a.tick(a.next_timer())
+    (data,) = [d for d, addr in a.datagrams_to_send() if addr == ADDR["b"]]
+    assert codec.mesh_digest(MESH_A) not in data  # sealed with the rest
+    assert codec.decode_packet(data, b.keyring)[0] == [codec.MESH, codec.mesh_digest(MESH_A)]
+    other = codec.seal(codec.compound([mesh_msg(MESH_B), codec.ping(1, "a", "b")]),
+                       Keyring([key]))
+    a.receive(other, ADDR["b"], 1.0)
+    assert a.stats.dropped["other_mesh"] == 1 and a.datagrams_to_send() == []

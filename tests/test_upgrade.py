@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from testbed import release
+from testbed.cluster import metric_sum
 from tests.test_consensus_integration import (
     CONVERGE,
     Mesh,
@@ -60,3 +61,9 @@ def test_a_mixed_mesh_joins_writes_agrees_and_fails_over(
     write_until(c, [*survivors, new_plain], quota("after", 99), timeout=20.0)
     wait_same_policies(mesh, [n for n in c.nodes if n.running])
     assert all(n.running for n in c.nodes if n is not leader), "an agent exited"
+    # This build tags its datagrams with its mesh only to peers that read optional types: the
+    # previous build, which drops a whole packet holding a type it does not know, never got one.
+    dropped = "meshd_gossip_dropped_packets_total"
+    for node in (n for n in c.nodes if n.running):  # not the killed leader
+        reason = "unknown_type" if node in old else "other_mesh"
+        assert metric_sum(node.metrics(), dropped, reason=reason) == 0, (node, reason)
