@@ -64,6 +64,8 @@ ModelPin (policy; name = model or ``model:revision``) — where a model may be s
     gpu_types ([string], default [] = any): GPU product names, e.g. "A100-SXM4-80GB".
     min_free_vram_mb (int >= 0, default 0): free GPU memory (MiB) a target must have.
     min_replicas (int >= 0, default 0): replicas to keep loaded.
+    max_replicas (int >= 1 | null, default null = no cap): replicas demand may add, at most;
+        must be >= min_replicas.
 
 RoutingPolicy (policy; name = model, or ``default`` for every model without its own) — how
 requests for a model are ranked, admitted and hedged (meshd/score/):
@@ -169,6 +171,13 @@ def _slo_cross(spec: dict[str, Any], path: str) -> None:
                           f"got {number_text(hedge)}")
 
 
+def _pin_cross(spec: dict[str, Any], path: str) -> None:
+    cap = spec["max_replicas"]
+    if cap is not None and cap < spec["min_replicas"]:
+        raise PolicyError(join(path, "max_replicas"),
+                          f"must be >= min_replicas ({spec['min_replicas']}), got {cap}")
+
+
 _PART = Object({
     "node": required(name_check(), "the part's node"),
     "gpus": Field(ListOf(Text(1, 128)), [], "its GPUs (or CPU slots)"),
@@ -217,7 +226,9 @@ SPECS: Mapping[str, Object] = {
         "gpu_types": Field(ListOf(Text(1, 128)), [], "allowed GPU products; empty = any"),
         "min_free_vram_mb": Field(Integer(ge=0), 0, "free GPU memory a target needs (MiB)"),
         "min_replicas": Field(Integer(ge=0), 0, "replicas to keep loaded"),
-    }),
+        "max_replicas": Field(Integer(ge=1, nullable=True), None,
+                              "replicas demand may add, at most; null = no cap"),
+    }, cross=_pin_cross),
     "RoutingPolicy": Object({
         "strategy": Field(name_check(), "hybrid", "strategy that ranks targets"),
         "shadow": Field(name_check(nullable=True), None, "candidate run beside it; null = none"),

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("meshd.signals",),
     ("meshd.score",),
     ("meshd.control",),
+    ("meshd.models",),
     ("meshd.train",),
     ("meshd.router",),
     ("meshd.metrics",),

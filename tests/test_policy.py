@@ -114,7 +114,8 @@ def test_defaults_of_every_kind() -> None:
     assert spec_of("SloClass") == {"deadline_ms": 100.0, "hedging": True,
                                    "hedge_after_ms": None, "shed_priority": 5}
     assert spec_of("ModelPin") == {"nodes": [], "zones": [], "gpu_types": [],
-                                   "min_free_vram_mb": 0, "min_replicas": 0}
+                                   "min_free_vram_mb": 0, "min_replicas": 0,
+                                   "max_replicas": None}
     assert spec_of("HealthPolicy") == {
         "auto_quarantine": True, "ecc_uncorrected": 1, "thermal_seconds": 60.0,
         "failure_ratio": 0.5, "failure_min": 10, "failure_seconds": 30.0,
@@ -141,10 +142,11 @@ def test_defaults_of_every_kind() -> None:
      {"deadline_ms": 3_600_000.0, "hedging": False, "hedge_after_ms": 20.0, "shed_priority": 0}),
     ("ModelPin", {"nodes": ["n1", "n2"], "zones": ["us-east-1a"],
                   "gpu_types": ["A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"],
-                  "min_free_vram_mb": 20_000, "min_replicas": 2},
+                  "min_free_vram_mb": 20_000, "min_replicas": 2, "max_replicas": 2},
      {"nodes": ["n1", "n2"], "zones": ["us-east-1a"],
       "gpu_types": ["A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"], "min_free_vram_mb": 20_000,
-      "min_replicas": 2}),
+      "min_replicas": 2, "max_replicas": 2}),
+    ("ModelPin", {"max_replicas": 8.0}, {"min_replicas": 0, "max_replicas": 8}),
     ("TrainingPlacement", {"gpus": ["0", "GPU-8f2c1e7a-aaaa-bbbb-cccc-0123456789ab",
                                     "MIG-GPU-8f2c1e7a/1/0"], "vram_mb": 40_000,
                            "state": "running", "progress": 1,
@@ -211,6 +213,10 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str, str]] = [
     ("ModelPin", {"gpu_types": ["A100", "A100"]}, "spec.gpu_types[1]", "duplicate"),
     ("ModelPin", {"min_free_vram_mb": -1}, "spec.min_free_vram_mb", "integer >= 0"),
     ("ModelPin", {"min_replicas": 1.5}, "spec.min_replicas", "got 1.5"),
+    ("ModelPin", {"max_replicas": 0}, "spec.max_replicas", "integer >= 1"),
+    ("ModelPin", {"max_replicas": True}, "spec.max_replicas", "got true"),
+    ("ModelPin", {"min_replicas": 3, "max_replicas": 2}, "spec.max_replicas",
+     "must be >= min_replicas (3), got 2"),
     ("TrainingPlacement", {"node": None}, "spec.node", "got null"),
     ("TrainingPlacement", {"gpus": ["0", "0"]}, "spec.gpus[1]", "duplicate"),
     ("TrainingPlacement", {"gpus": [0]}, "spec.gpus[0]", "quote it in YAML"),
