@@ -15,7 +15,9 @@ process) against the agent serving the router itself (``--router-workers 0``), i
 * ``workers``: the default - one router worker process serves the router's ports; the agent
   serves its score link;
 * ``agent``: ``--router-workers 0`` - the agent serves the router in its own event loop, as
-  before workers were the default.
+  before workers were the default;
+* ``workers-nice0`` (not run unless named): ``--router-nice 0`` - workers at the agent's CPU
+  priority, as before the default niceness of 5.
 
 Both have the same receive limits (64 MiB of payload + 1 MiB) and the same in-flight budget
 (``--router-inflight-mib``, default 256).
@@ -100,8 +102,10 @@ INFER = "/inference.GRPCInferenceService/ModelInfer"
 MODEL = "add_sub"
 WIDTH = 16
 PHASES = ("before", "during", "after")
-CONFIGS = {"workers": [], "agent": ["--router-workers", "0"]}
-CONFIG_LABEL = {"workers": "workers (default)", "agent": "agent (--router-workers 0)"}
+CONFIGS = {"workers": [], "agent": ["--router-workers", "0"],
+           "workers-nice0": ["--router-nice", "0"]}
+CONFIG_LABEL = {"workers": "workers (default)", "agent": "agent (--router-workers 0)",
+                "workers-nice0": "workers at the agent's priority (--router-nice 0)"}
 KINDS = ("at_limit", "over_limit", "far_over", "random", "bomb", "http_over", "http_json")
 ADMIN_EVERY = 0.05
 SAMPLE_EVERY = 0.5
@@ -603,7 +607,7 @@ def run_config(args: argparse.Namespace, name: str, triton: Any, workdir: Path
                 "router_refused": {k: v - sheds[p].get(k, 0.0) for k, v in sheds[nxt].items()
                                    if v - sheds[p].get(k, 0.0) > 0},
             }
-        out["workers"] = 0 if CONFIGS[name] else 1
+        out["workers"] = 0 if "--router-workers" in CONFIGS[name] else 1
         return out
     finally:
         if sampler is not None:

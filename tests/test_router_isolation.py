@@ -34,7 +34,7 @@ from meshd.router import server as router_server
 from meshd.router.dispatch import Outcome
 from meshd.router.scoring import ScoringUnavailable
 from meshd.score.scorer import Choice, Scored, ScoreRequest, Status
-from meshd.settings import Settings, SettingsError, load
+from meshd.settings import DEFAULT_ROUTER_NICE, Settings, SettingsError, load
 from testbed.cluster import TRUST_DOMAIN, Cluster, metric_sum
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -249,6 +249,10 @@ def test_parsed_weight_counts_what_parsing_adds_and_refuses_field_bombs() -> Non
 
 def test_settings_default_to_one_worker_and_take_zero_for_the_agent_itself() -> None:
     assert Settings().router_workers == 1
+    assert Settings().router_nice == DEFAULT_ROUTER_NICE > 0
+    assert load(["--node", "a", "--router-nice", "0"], {}).router_nice == 0
+    with pytest.raises(SettingsError, match="router_nice"):
+        load(["--node", "a", "--router-nice", "20"], {})
     assert load(["--node", "a", "--role", "router", "--router-workers", "0"], {}
                 ).router_workers == 0
     assert load(["--node", "a", "--router-inflight-mib", "128"], {}).router_inflight_mib == 128
@@ -377,6 +381,10 @@ def test_the_router_runs_in_a_worker_and_a_flood_of_large_requests_leaves_admin_
     node = c.seed
     _served(node)
     (worker,) = _worker_pids(node.pid)
+    # The worker yields the CPU to the agent: under saturation gossip, Raft and admin run
+    # first (--router-nice, default 5).
+    assert (os.getpriority(os.PRIO_PROCESS, worker)
+            == os.getpriority(os.PRIO_PROCESS, node.pid) + DEFAULT_ROUTER_NICE)
     # The agent serves no router port: the worker does (its life is in the metrics).
     mp = multiprocessing.get_context("spawn")
     flood = [mp.Process(target=_flood, args=(node.router, str(c.admin_creds), 6.0, 48 << 20))
@@ -429,3 +437,16 @@ def test_a_router_port_in_use_fails_the_agent_at_start(tmp_path: Path) -> None:
                        for e in node.events("start_failed")), c.tail(node)
         finally:
             c.close()
+
+
+def test_the_agent_does_not_load_the_router_ingress_it_leaves_to_its_workers() -> None:
+    """tritonclient, numpy and aiohttp are about 30 MB of an idle agent's 100 (measured in
+    ``bench/gossip_procs --full``); by default only the router workers need them."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, meshd.agent, meshd.cli; print(' '.join(sorted("
+         "{m.split('.')[0] for m in sys.modules} & {'numpy', 'tritonclient', 'aiohttp'})))"],
+        capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "", out.stdout

@@ -2,7 +2,9 @@
 
 gRPC interceptors never see the peer certificate, but the handler they return does: the
 interceptor wraps each unary handler so that, inside the call, the caller's certificate is read
-from ``context.auth_context()``, checked by the mesh verifier (trust domain, revocation), an
+(:attr:`Authorizer.certificate`: from the table of the TLS front that terminates the admin
+port's TLS, :mod:`meshd.security.front`, or from ``context.auth_context()`` where gRPC does
+TLS itself), checked by the mesh verifier (trust domain, revocation), an
 optional ``authorization: Bearer <JWT>`` names a person instead, the policy decides, and the
 decision is written to the audit log.  Handlers read the caller from :data:`CALLER`.
 
@@ -24,6 +26,7 @@ import grpc
 from certs.verify import PeerRejected, PeerVerifier
 from meshd.admin.rbac import AuditLog, AuthError, JwtVerifier, Policy, Principal
 from meshd.control.plane import Credential
+from meshd.security.front import CertificateOf, tls_certificate
 
 CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("caller", default=None)
 CREDENTIAL: contextvars.ContextVar[Credential | None] = contextvars.ContextVar(
@@ -43,17 +46,21 @@ class Authorizer:
     """Who is calling and may they: shared by the interceptor and the tests."""
 
     def __init__(self, verifier: PeerVerifier, policy: Policy, *, jwt: JwtVerifier | None,
-                 audit: AuditLog, refuse: Callable[[str, str, str], None]) -> None:
+                 audit: AuditLog, refuse: Callable[[str, str, str], None],
+                 certificate: CertificateOf = tls_certificate) -> None:
         self.verifier = verifier
         self.policy = policy
         self.jwt = jwt
         self.audit = audit
         self.refuse = refuse
         """(channel, reason, detail): counts and logs a refusal."""
+        self.certificate = certificate
+        """The caller's leaf certificate (PEM) from a servicer context: where the port's TLS
+        was terminated (by gRPC, or by the TLS front) decides how it is read."""
 
     def authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
         """The caller, or raises (UNAUTHENTICATED, message) as a ``Refused``."""
-        return self.identify(_certificate(context), _bearer(context))
+        return self.identify(self.certificate(context), _bearer(context))
 
     def identify(self, certificate_pem: bytes | None, bearer: str | None,
                  channel: str = "admin") -> Principal:
@@ -137,12 +144,6 @@ class Refused(Exception):
         self.code = code
 
 
-def _certificate(context: grpc.aio.ServicerContext) -> bytes | None:
-    """The client's leaf certificate (PEM) from the TLS handshake."""
-    pems = context.auth_context().get("x509_pem_cert") or []
-    return pems[0] if pems else None
-
-
 def _bearer(context: grpc.aio.ServicerContext) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == "authorization":
@@ -223,7 +224,7 @@ def _acting(authz: Authorizer, method: str, principal: Principal, peer: str,
     """Run an admitted call as ``principal`` (:data:`CALLER`, with what it presented in
     :data:`CREDENTIAL` and this authorizer in :data:`AUTHORIZER`) and audit how it ended."""
     token = CALLER.set(principal)
-    presented = CREDENTIAL.set(Credential(method, _certificate(context) or b"",
+    presented = CREDENTIAL.set(Credential(method, authz.certificate(context) or b"",
                                           _bearer(context) or ""))
     judge = AUTHORIZER.set(authz)
     code = "OK"

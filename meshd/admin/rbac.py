@@ -15,18 +15,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+from meshd.security.audit import AuditLog as AuditLog  # re-exported: its home is below us
 
 ACCESS_ROLES = ("admin", "operator", "viewer", "node")
 """What a caller may be allowed to do (not to be confused with a node's gossip roles)."""
@@ -480,68 +479,3 @@ def _auth_error(exc: jwt.PyJWTError, verifier: JwtVerifier) -> AuthError:
         return AuthError("unknown_key", "bearer token does not fit the configured key")
     return AuthError("malformed")
 
-
-# --- audit -------------------------------------------------------------------------------------
-
-
-def _rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
-
-
-class AuditLog:
-    """One JSON object per admin call, appended to a file (``path=None``: disabled).
-
-    There is deliberately no field for a token or key, so none can end up here.  Write errors
-    propagate: an audit trail that silently stops is worse than a failed admin call.
-    Records after :meth:`close` are dropped, so shutdown races don't turn into errors.
-    """
-
-    def __init__(self, path: str | os.PathLike[str] | None,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.path = None if path is None else os.fspath(path)
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._fh: IO[str] | None = None
-        if self.path is not None:
-            # 0o600 at creation: the log names every caller and what they tried.
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-            self._fh = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
-
-    @property
-    def enabled(self) -> bool:
-        return self._fh is not None
-
-    def record(self, *, method: str, principal: Principal | None, allowed: bool, code: str,
-               peer: str, detail: str = "") -> None:
-        """Append one decision; a no-op when disabled or closed."""
-        if self._fh is None:
-            return
-        line = json.dumps({
-            "ts": _rfc3339(self._clock()),
-            "method": method,
-            "principal": principal.label if principal is not None else None,
-            "roles": sorted(principal.roles) if principal is not None else [],
-            "allowed": allowed,
-            "code": code,
-            "peer": peer,
-            "detail": detail,
-        })  # ensure_ascii keeps any control characters escaped: one record, one line
-        with self._lock:
-            if self._fh is None:
-                return
-            self._fh.write(line + "\n")
-            self._fh.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            fh, self._fh = self._fh, None
-        if fh is not None:
-            fh.close()
-
-    def __enter__(self) -> AuditLog:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()

@@ -1,6 +1,9 @@
 """The admin gRPC service (``mesh.v1.Admin``): what ``meshctl`` talks to.
 
 Always mTLS (client certificates required) with RBAC and an audit log: see :mod:`meshd.admin.authz`.
+The TLS is terminated by a :mod:`meshd.security.front` in this process (so a refused handshake
+is counted, ``channel="admin"``, and audited); the gRPC server behind it listens in plaintext
+on an ephemeral port of 127.0.0.1 and reads each caller's certificate from the front's table.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from meshd.admin.rbac import AuditLog, JwtVerifier, Policy
 from meshd.admin.state import StatePlaneService
 from meshd.control.plane import ControlPlane
 from meshd.coordinates import CoordinatePlane
+from meshd.security.front import PeerTable, front_grpc, recorder, server_context
 from meshd.security.plane import Security, SecurityError, key_fingerprint
 from meshd.signals.plane import SignalPlane
 from meshd.train.service import TrainService
@@ -286,7 +290,10 @@ async def serve(swim: Swim, clock: object, host: str, port: int, *,
                 coordinates: CoordinatePlane, security: Security,
                 authorizer: Authorizer, control: ControlPlane,
                 signals: SignalPlane | None = None,
-                train: TrainService | None = None) -> grpc.aio.Server:
+                train: TrainService | None = None, tls_front: bool = True) -> grpc.aio.Server:
+    """The started admin server on ``host:port``.  ``tls_front`` (the default) terminates TLS
+    in a :class:`~meshd.security.front.TlsFront`; without it gRPC does (and a refused
+    handshake is seen nowhere but gRPC's log)."""
     # gRPC enables SO_REUSEPORT by default: a second agent could then bind the same admin port
     # and the kernel would split meshctl's connections between the two.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
@@ -297,6 +304,18 @@ async def serve(swim: Swim, clock: object, host: str, port: int, *,
     if signals is not None:
         state_pb2_grpc.add_StatePlaneServicer_to_server(StatePlaneService(signals), server)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if tls_front:
+        peers = PeerTable()
+        authorizer.certificate = peers.certificate
+        context = server_context(lambda: tls.server_context(security.id_dir))
+        security.tls_contexts.append(context)  # given the renewed certificate
+        try:
+            fronted, _ = await front_grpc(
+                server, host, port, context=context, peers=peers, channel="admin",
+                on_refused=recorder("admin", security.refuse, authorizer.audit))
+        except OSError as exc:
+            raise OSError(f"cannot bind admin API on {target} ({exc})") from None
+        return fronted
     try:
         bound = server.add_secure_port(
             target, tls.grpc_server_credentials(lambda: security.identity))

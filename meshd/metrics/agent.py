@@ -6,7 +6,8 @@ custom collector, so the hot path only increments integers.  Probe RTTs go into 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
@@ -106,14 +107,20 @@ class TopologyCollector(Collector):
 class SecurityCollector(Collector):
     """Refused connections and calls by channel and reason, certificate expiry, renewals."""
 
-    def __init__(self, node: str, security: Security) -> None:
+    def __init__(self, node: str, security: Security,
+                 more: Callable[[], Mapping[tuple[str, str], int]] | None = None) -> None:
+        """``more``: refusals counted elsewhere (the router's processes), added in."""
         self.node = node
         self.security = security
+        self.more = more
 
     def collect(self) -> Iterator[Metric]:
         node, sec = self.node, self.security
         refused = family("meshd_security_refusals")
-        for (channel, reason), n in sorted(sec.refusals.items()):
+        counts = Counter(dict.copy(sec.refusals))
+        if self.more is not None:
+            counts.update(self.more())
+        for (channel, reason), n in sorted(counts.items()):
             refused.add_metric([node, channel, reason], n)
         yield refused
         yield by("meshd_security_renewals", node,
@@ -281,7 +288,8 @@ class AgentMetrics:
             self.registry.register(ConsensusCollector(swim.name, control))
             control.on_write = lambda group, path, outcome, seconds: self.write_seconds.labels(
                 swim.name, group, path, outcome).observe(seconds)
-        self.registry.register(SecurityCollector(swim.name, security))
+        self.registry.register(SecurityCollector(swim.name, security,
+                                                 getattr(routing, "refusals", None)))
         self.registry.register(GossipCollector(swim))
         self.probe_rtt = histogram("meshd_gossip_probe_rtt_seconds", self.registry)
         self._rtt = self.probe_rtt.labels(swim.name)

@@ -38,6 +38,16 @@ class RoutingCollector(Collector):
         self.router = router
         self.link = link
 
+    def refusals(self) -> dict[tuple[str, str], int]:
+        """TLS handshakes the router's ports refused, by (channel, reason), summed over its
+        processes: ``meshd_security_refusals_total`` shows them with the agent's own."""
+        out: dict[tuple[str, str], int] = {}
+        for counters in (self.router() or {}).values():
+            for key, n in dict.copy(counters.refused).items():
+                channel, _, reason = key.partition(":")
+                out[(channel, reason)] = out.get((channel, reason), 0) + n
+        return out
+
     def collect(self) -> Iterator[Metric]:
         node, c = self.node, self.scorer.counters
 

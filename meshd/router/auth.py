@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 
 from certs.verify import PeerRejected, PeerVerifier
+from meshd.security.front import CertificateOf, tls_certificate
 
 TENANT_HEADER = "x-meshd-tenant"
 SLO_HEADER = "x-meshd-slo"
@@ -60,16 +61,23 @@ def token_hash(token: str) -> str:
 
 class ClientAuth:
     """``verifier`` checks a client certificate beyond the handshake (trust domain,
-    revocation); without one, a certificate the handshake accepted is enough."""
+    revocation); without one, a certificate the handshake accepted is enough.
+    ``certificate`` reads a gRPC call's client certificate: from gRPC's own TLS (the
+    default), or from the table of the port's TLS front."""
 
     def __init__(self, *, dev: bool, tokens: dict[str, str] | None = None,
-                 verifier: PeerVerifier | None = None) -> None:
+                 verifier: PeerVerifier | None = None,
+                 certificate: CertificateOf = tls_certificate) -> None:
         self.dev = dev
         self.tokens = tokens or {}
         self.verifier = verifier
+        self.certificate = certificate
 
-    def tenant(self, metadata: dict[str, str], context: grpc.aio.ServicerContext) -> str:
-        """The caller's tenant, or Unauthenticated (the message says what is missing)."""
+    def tenant(self, metadata: dict[str, str], context: grpc.aio.ServicerContext,
+               certificate: CertificateOf | None = None) -> str:
+        """The caller's tenant, or Unauthenticated (the message says what is missing);
+        ``certificate`` overrides how the client certificate is read (the HTTP ingress's
+        comes from its own TLS connection)."""
         auth = metadata.get("authorization")
         if auth is not None:
             scheme, _, token = auth.partition(" ")
@@ -86,14 +94,14 @@ class ClientAuth:
                                   "characters")
         if self.dev:
             return header
-        pems = context.auth_context().get("x509_pem_cert") or []
-        if not pems:
+        pem = (certificate or self.certificate)(context)
+        if not pem:
             raise Unauthenticated(
                 "present a bearer token (this router takes tokens and asks for no client "
                 "certificate)" if self.tokens else "present a mesh client certificate")
         if self.verifier is not None:
             try:
-                self.verifier.verify_pem(pems[0])
+                self.verifier.verify_pem(pem)
             except PeerRejected as exc:
                 raise Unauthenticated(f"client certificate refused: {exc}") from None
         return header

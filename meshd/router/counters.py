@@ -35,13 +35,22 @@ class RouterCounters:
     hedge_won: int = 0
     failovers: int = 0
     streams: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    """TLS handshakes the router's ports refused, by ``channel:reason`` (``router``,
+    ``router_http``): shown in ``meshd_security_refusals_total``, not as requests."""
 
     def add(self, other: RouterCounters) -> None:
         for name in _SCALARS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for mine, theirs in ((self.failed, other.failed), (self.shed, other.shed)):
+        for mine, theirs in ((self.failed, other.failed), (self.shed, other.shed),
+                             (self.refused, other.refused)):
             for key, n in dict.copy(theirs).items():
                 mine[key] = mine.get(key, 0) + n
+
+    def refuse(self, channel: str, reason: str, detail: str = "") -> None:
+        """Count a refused TLS handshake (``detail`` is for the caller's log)."""
+        key = f"{channel}:{reason}"
+        self.refused[key] = self.refused.get(key, 0) + 1
 
     def inflight(self) -> int:
         """Received and not yet ended."""
@@ -52,20 +61,21 @@ class RouterCounters:
     def counts(self) -> list[int]:
         """Every count held, scalar and keyed."""
         return [*(getattr(self, name) for name in _SCALARS), *dict.copy(self.failed).values(),
-                *dict.copy(self.shed).values()]
+                *dict.copy(self.shed).values(), *dict.copy(self.refused).values()]
 
     def to_pb(self, worker: str) -> score_pb2.RouterCounters:
         return score_pb2.RouterCounters(worker=worker, failed=dict.copy(self.failed),
                                         shed=dict.copy(self.shed),
+                                        refused=dict.copy(self.refused),
                                         **{name: getattr(self, name) for name in _SCALARS})
 
     @classmethod
     def from_pb(cls, msg: score_pb2.RouterCounters) -> RouterCounters:
-        return cls(failed=dict(msg.failed), shed=dict(msg.shed),
+        return cls(failed=dict(msg.failed), shed=dict(msg.shed), refused=dict(msg.refused),
                    **{name: getattr(msg, name) for name in _SCALARS})
 
 
-assert {f.name for f in fields(RouterCounters)} == {*_SCALARS, "failed", "shed"}
+assert {f.name for f in fields(RouterCounters)} == {*_SCALARS, "failed", "shed", "refused"}
 
 
 class WorkerCounters:
@@ -94,7 +104,8 @@ class WorkerCounters:
         (lives past the bound) once there are any."""
         out = {"agent": local} if local is not None else {}
         out.update(dict.copy(self.lives))
-        if self.retired.requests or self.retired.streams:  # else it is all zeros
+        if self.retired.requests or self.retired.streams or self.retired.refused:
+            # else it is all zeros
             out["retired"] = self.retired
         return out
 

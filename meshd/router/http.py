@@ -69,6 +69,7 @@ from meshd.router.known import Known
 from meshd.router.kserve import NO_SERVER_METHODS
 from meshd.router.traces import RequestTrace
 from meshd.score.scorer import Choice
+from meshd.security.front import tls_certificate
 
 INFER_HEADER = "Inference-Header-Content-Length"
 _JSON = "application/json"
@@ -310,7 +311,8 @@ class HttpService:
                 return hit
         md = {k: v for k, v in zip(_HEADERS, seen, strict=True) if v is not None}
         try:
-            tenant = self.auth.tenant(md, PeerCertificate(request))  # type: ignore[arg-type]
+            tenant = self.auth.tenant(md, PeerCertificate(request),  # type: ignore[arg-type]
+                                      tls_certificate)
         except Unauthenticated as exc:
             if counted:
                 self.gateway.failed("UNAUTHENTICATED")

@@ -19,6 +19,9 @@ from collections.abc import Sequence
 
 log = logging.getLogger("meshd.router")
 
+SHM_DIR = "router-shm"
+"""The folder of the data directory holding the router's shared memory registrations
+(workers and an in-agent router alike; emptied when the agent starts)."""
 BACKOFF = (1.0, 30.0)
 """Seconds before restarting a worker that died: first, and at most."""
 STEADY = 60.0

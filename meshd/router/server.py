@@ -28,6 +28,7 @@ bound (and its quarter) or the heaviest single request.
 
 from __future__ import annotations
 
+import logging
 import ssl
 import traceback
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from tritonclient.grpc import service_pb2
 from certs import tls
 from certs.verify import PeerVerifier
 from meshd.router.auth import ClientAuth, load_tokens
+from meshd.router.counters import RouterCounters
 from meshd.router.gateway import MESSAGE_HEADROOM, Gateway
 from meshd.router.http import INFER_HEADER, HttpService, error_response
 from meshd.router.http_tensors import BadRequest, header_length
@@ -49,11 +51,14 @@ from meshd.router.kserve import KServeService
 from meshd.router.scoring import Scoring
 from meshd.router.shm import Regions
 from meshd.router.upstream import MAX_MESSAGE
+from meshd.security.audit import AuditLog
+from meshd.security.front import PeerTable, front_grpc, recorder, server_context
+from meshd.security.https import CountedTlsSite
+
+log = logging.getLogger("meshd.router")
 
 HTTP_GRACE = 5.0
 """Seconds the HTTP ingress gives requests in flight when it stops."""
-SHM_DIR = "router-shm"
-"""The folder of the data directory holding the router's shared memory registrations."""
 MEMORY_RETRY = 0.1
 """Seconds a request shed for memory is told to wait before it is sent again."""
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -328,25 +333,54 @@ class _BudgetedHttp(HttpService):
             inflight.give(held)
 
 
+def front_context(id_dir: Path, *, tokens: bool) -> ssl.SSLContext:
+    """The server context of the gRPC port's TLS front: as gRPC's own TLS does it, a client
+    certificate is required, or (``tokens``: clients bring bearer tokens) not asked for."""
+    ctx = server_context(lambda: tls.server_context(id_dir, require_client_cert=not tokens))
+    if tokens:
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _counting(counters: RouterCounters) -> Callable[[str, str, str], None]:
+    """Count a refused handshake in the router's counters (the agent's metrics show them in
+    ``meshd_security_refusals_total``) and log it."""
+
+    def count(channel: str, reason: str, detail: str) -> None:
+        counters.refuse(channel, reason)
+        log.warning("connection refused", extra={"event": "security_refused",
+                                                 "channel": channel, "reason": reason,
+                                                 "detail": detail})
+
+    return count
+
+
 async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, int], *,
                 dev: bool, identity: Callable[[], object], tokens_file: str = "",
                 reuse_port: bool = False,
                 verifier: PeerVerifier | None = None, shm_dir: Path | None = None,
-                inflight: Inflight | None = None
+                inflight: Inflight | None = None, tls_front: ssl.SSLContext | None = None,
+                audit: AuditLog | None = None
                 ) -> tuple[grpc.aio.Server, Gateway, str]:
     """The started server, the router's gateway, and the address it is bound to.
     ``reuse_port`` lets worker processes share the port (the kernel spreads connections over
     them); ``shm_dir`` holds the system shared memory regions registered with the router, for
     all of its processes (None: this process's own); ``inflight`` bounds the bytes of
-    ``ModelInfer`` requests held (None: unbounded)."""
+    ``ModelInfer`` requests held (None: unbounded).  ``tls_front`` (a context from
+    :func:`front_context`; not with ``dev``) terminates TLS in a
+    :class:`~meshd.security.front.TlsFront`, which counts (channel ``router``) and audits
+    (``audit``) refused handshakes; else gRPC does TLS."""
     tokens = load_tokens(Path(tokens_file)) if tokens_file else None
+    peers = PeerTable() if tls_front is not None and not dev else None
     auth = ClientAuth(dev=dev, tokens=tokens, verifier=verifier)
+    if peers is not None:
+        auth.certificate = peers.certificate
     router = Gateway(scoring, clock)
     router.shm = Regions(router, shm_dir)
     router.auth = auth
     service = KServeService(router, auth)
     server = grpc.aio.server(options=[
-        ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ("grpc.so_reuseport", 1 if reuse_port and peers is None else 0),
         # A larger request is refused (RESOURCE_EXHAUSTED) before it is parsed: validation
         # would refuse it anyway.  (gRPC receives the whole message first: see above.)
         ("grpc.max_receive_message_length", router.max_bytes + MESSAGE_HEADROOM),
@@ -357,6 +391,16 @@ async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, i
     server.add_generic_rpc_handlers((handler,))
     host, port = addr
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if peers is not None:
+        assert tls_front is not None
+        try:
+            fronted, bound = await front_grpc(
+                server, host, port, context=tls_front, peers=peers, channel="router",
+                on_refused=recorder("router", _counting(router.counters), audit),
+                reuse_port=reuse_port)
+        except OSError as exc:
+            raise OSError(f"cannot bind the router on {target} ({exc})") from None
+        return fronted, router, f"{host}:{bound}"
     try:
         if dev:
             bound = server.add_insecure_port(target)
@@ -373,15 +417,16 @@ async def serve(scoring: Scoring, clock: Callable[[], float], addr: tuple[str, i
 
 async def serve_http(gateway: Gateway, addr: tuple[str, int], *,
                      ssl_context: ssl.SSLContext | None, reuse_port: bool = False,
-                     auth: ClientAuth | None = None, inflight: Inflight | None = None
-                     ) -> tuple[web.AppRunner, str]:
+                     auth: ClientAuth | None = None, inflight: Inflight | None = None,
+                     audit: AuditLog | None = None) -> tuple[web.AppRunner, str]:
     """The router's HTTP/REST ingress (Triton's KServe v2 HTTP protocol) over ``gateway`` (as
     :func:`serve` made it: its clients' authentication and shared memory regions are the gRPC
     ingress's): the started runner (``await runner.cleanup()`` stops it) and the address it is
     bound to.  TLS with ``ssl_context`` (plaintext without: ``--dev`` only); ``reuse_port``
     lets worker processes share the port; ``inflight`` bounds the bytes of inference
     requests held (the gRPC ingress's budget: one per process).  A client that disconnects
-    cancels its request."""
+    cancels its request.  A refused TLS handshake is counted (channel ``router_http``, in
+    the gateway's counters) and audited (``audit``): see :mod:`meshd.security.https`."""
     service: HttpService
     if inflight is None:
         service = HttpService(gateway, auth or gateway.auth, shm=gateway.shm)
@@ -392,7 +437,13 @@ async def serve_http(gateway: Gateway, addr: tuple[str, int], *,
                            shutdown_timeout=HTTP_GRACE)
     await runner.setup()
     host, port = addr
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port)
+    site: web.BaseSite
+    if ssl_context is None:
+        site = web.TCPSite(runner, host, port, reuse_port=reuse_port)
+    else:
+        site = CountedTlsSite(runner, host, port, ssl_context=ssl_context,
+                              reuse_port=reuse_port, on_refused=recorder(
+                                  "router_http", _counting(gateway.counters), audit))
     try:
         await site.start()
     except OSError:

@@ -44,10 +44,17 @@ from certs.verify import PeerVerifier
 from meshd import collector, logs, tracing
 from meshd.router import server as router_server
 from meshd.router.auth import TokenFileError
+from meshd.router.pool import SHM_DIR
 from meshd.router.remote_scoring import RemoteScoring
 from meshd.router.scoring import ScoringUnavailable
 from meshd.router.traces import request_tracer
-from meshd.settings import DEFAULT_ROUTER_INFLIGHT_MIB, SettingsError, parse_hostport
+from meshd.security.audit import AuditLog
+from meshd.settings import (
+    DEFAULT_ROUTER_INFLIGHT_MIB,
+    DEFAULT_ROUTER_NICE,
+    SettingsError,
+    parse_hostport,
+)
 
 log = logging.getLogger("meshd.router")
 
@@ -138,12 +145,18 @@ async def run(args: argparse.Namespace, trim: Callable[[], object] | None = None
     scoring = RemoteScoring(args.score, args.link)
     addr = parse_hostport(args.router, 0, "router")
     inflight = router_server.Inflight(args.inflight_mib << 20)
+    audit = AuditLog(None if args.dev or args.audit_log == "off"
+                     else args.audit_log or Path(args.data) / "audit.log")
+    front = None
+    if files is not None and args.tls_front:
+        front = router_server.front_context(files.id_dir, tokens=bool(args.tokens))
+        files.contexts.append(front)
     server, router, where = await router_server.serve(
         scoring, loop.time, addr, dev=args.dev,
         identity=lambda: files.identity if files is not None else None,
         tokens_file=args.tokens, reuse_port=REUSE_PORT,
         verifier=files.verifier if files is not None else None,
-        shm_dir=Path(args.data) / router_server.SHM_DIR, inflight=inflight)
+        shm_dir=Path(args.data) / SHM_DIR, inflight=inflight, tls_front=front, audit=audit)
     http = None
     if args.router_http:
         ctx = None
@@ -152,7 +165,7 @@ async def run(args: argparse.Namespace, trim: Callable[[], object] | None = None
             files.contexts.append(ctx)
         http, _ = await router_server.serve_http(
             router, parse_hostport(args.router_http, 0, "router_http"), ssl_context=ctx,
-            reuse_port=REUSE_PORT, inflight=inflight)
+            reuse_port=REUSE_PORT, inflight=inflight, audit=audit)
     traces = tracing.setup("meshd", args.node)
     router.tracer = request_tracer(traces)
     life = f"{args.node}/{os.getpid()}/{int(loop.time() * 1000)}"
@@ -198,6 +211,7 @@ async def run(args: argparse.Namespace, trim: Callable[[], object] | None = None
         except ScoringUnavailable:
             pass
         await router.close()
+        audit.close()
         if traces is not None:
             await loop.run_in_executor(None, traces.shutdown)
     log.info("router worker stopped", extra={"event": "router_worker_stopped"})
@@ -217,9 +231,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--router-http", default="",
                    help="the router's HTTP/REST address to share, HOST:PORT")
     p.add_argument("--tokens", default="", help="per-tenant bearer token file")
+    p.add_argument("--tls-front", action="store_true",
+                   help="terminate the gRPC port's TLS in meshd's TLS front")
+    p.add_argument("--audit-log", default="",
+                   help="the agent's audit log (default <data>/audit.log; off: none)")
     p.add_argument("--dev", action="store_true", help="plaintext port (dev mode)")
     p.add_argument("--inflight-mib", type=int, default=DEFAULT_ROUTER_INFLIGHT_MIB,
                    help="MiB of requests held in flight at most (beyond: shed)")
+    p.add_argument("--nice", type=int, default=DEFAULT_ROUTER_NICE,
+                   help="niceness added to this process's: under saturation the agent's "
+                        f"gossip, Raft and admin API run first (default {DEFAULT_ROUTER_NICE})")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -228,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     trim = _linux_process_setup()
     logs.setup(args.node, args.log_level)
+    if args.nice and hasattr(os, "nice"):  # POSIX
+        os.nice(args.nice)
     try:
         return asyncio.run(run(args, trim))
     except (IdentityError, TokenFileError, SettingsError, OSError) as exc:

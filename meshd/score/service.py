@@ -175,7 +175,7 @@ def _counts(msg: score_pb2.RouterCounters) -> Iterator[int]:
 def router_counters(msg: score_pb2.RouterCounters) -> tuple[str, score_pb2.RouterCounters]:
     """A worker's life name and counters, checked (FieldError names a bad field)."""
     worker = _text(msg.worker, "worker", required=True)
-    for name, values in (("failed", msg.failed), ("shed", msg.shed)):
+    for name, values in (("failed", msg.failed), ("shed", msg.shed), ("refused", msg.refused)):
         if len(values) > MAX_EXCLUDE:
             raise FieldError(name, f"at most {MAX_EXCLUDE} keys")
         for key in values:

@@ -223,7 +223,7 @@ class ListModelsReply(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelEntry, _Mapping]]] = ...) -> None: ...
 
 class RouterCounters(_message.Message):
-    __slots__ = ("worker", "requests", "completed", "invalid", "hedged", "hedge_won", "failovers", "streams", "failed", "shed", "admitted", "cancelled")
+    __slots__ = ("worker", "requests", "completed", "invalid", "hedged", "hedge_won", "failovers", "streams", "failed", "shed", "admitted", "cancelled", "refused")
     class FailedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +232,13 @@ class RouterCounters(_message.Message):
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     class ShedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class RefusedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +257,7 @@ class RouterCounters(_message.Message):
     SHED_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     worker: str
     requests: int
     completed: int
@@ -262,7 +270,8 @@ class RouterCounters(_message.Message):
     shed: _containers.ScalarMap[str, int]
     admitted: int
     cancelled: int
-    def __init__(self, worker: _Optional[str] = ..., requests: _Optional[int] = ..., completed: _Optional[int] = ..., invalid: _Optional[int] = ..., hedged: _Optional[int] = ..., hedge_won: _Optional[int] = ..., failovers: _Optional[int] = ..., streams: _Optional[int] = ..., failed: _Optional[_Mapping[str, int]] = ..., shed: _Optional[_Mapping[str, int]] = ..., admitted: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
+    refused: _containers.ScalarMap[str, int]
+    def __init__(self, worker: _Optional[str] = ..., requests: _Optional[int] = ..., completed: _Optional[int] = ..., invalid: _Optional[int] = ..., hedged: _Optional[int] = ..., hedge_won: _Optional[int] = ..., failovers: _Optional[int] = ..., streams: _Optional[int] = ..., failed: _Optional[_Mapping[str, int]] = ..., shed: _Optional[_Mapping[str, int]] = ..., admitted: _Optional[int] = ..., cancelled: _Optional[int] = ..., refused: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RouterCountersAck(_message.Message):
     __slots__ = ()
