@@ -227,6 +227,41 @@ class TritonAdapter:
         if self._probe is not None:
             await asyncio.to_thread(self._probe.close)
 
+    # --- the repository (servers in --model-control-mode=explicit) ---------------------
+
+    async def load_model(self, model: str, timeout: float) -> None:
+        """Load ``model`` (every version its config serves); raises with Triton's reason.
+        The replica shows up ready at the next poll, which this asks for at once."""
+        await self._client.load_model(model, client_timeout=timeout)
+        self._rediscover.set()
+
+    async def unload_model(self, model: str, timeout: float) -> None:
+        """Unload ``model`` (Triton lets requests it holds finish first)."""
+        await self._client.unload_model(model, client_timeout=timeout)
+        self._rediscover.set()
+
+    async def served(self, model: str, timeout: float) -> int | None:
+        """Inferences ``model`` has answered (succeeded or failed) since it loaded, summed
+        over its versions; None if Triton does not know it.  Between two reads with the
+        same count and nothing queued, no request was running."""
+        try:
+            stats = await self._client.get_inference_statistics(model, client_timeout=timeout)
+        except Exception:  # noqa: BLE001 - tritonclient raises its own and grpc errors
+            return None
+        return sum(int(m.inference_stats.success.count) + int(m.inference_stats.fail.count)
+                   for m in stats.model_stats)
+
+    def present(self, model: str) -> bool | None:
+        """Whether Triton serves ``model`` (a version ready) as last polled; None while the
+        server does not answer."""
+        if not self.up:
+            return None
+        return any(r.ready for (name, _), r in self.replicas.items() if name == model)
+
+    def queued(self, model: str) -> int:
+        """Requests for ``model`` waiting in Triton's queue, as last polled."""
+        return sum(r.queue or 0 for (name, _), r in self.replicas.items() if name == model)
+
     def observe_request(self, model: str, payload_bytes: int) -> None:
         """A router's report of a request's size: the SPU of variable-sized models uses it."""
         mean = self.observed_bytes.get(model)

@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adapters.model import CommStats, GpuState
 from adapters.triton import TritonEndpoint
@@ -41,15 +42,15 @@ from meshd.control.plane import RAFT_SECTION, ControlPlane, GroupStore
 from meshd.control.quarantine import AutoQuarantine
 from meshd.coordinates import CoordinatePlane
 from meshd.metrics.agent import AgentMetrics
+from meshd.metrics.models import ModelMetrics, ModelsCollector
 from meshd.metrics.routing import RoutingCollector
 from meshd.metrics.train import CollectiveMetrics, TrainCollector
-from meshd.router import server as router_server
+from meshd.models.service import SLOTS_TAG, ModelService
+from meshd.models.store import STAMPED_OPS as MODEL_OPS
+from meshd.models.store import ModelStore
 from meshd.router.auth import TokenFileError
 from meshd.router.counters import RouterCounters, WorkerCounters
-from meshd.router.gateway import Gateway
-from meshd.router.pool import WorkerPool
-from meshd.router.scoring import LocalScoring
-from meshd.router.traces import request_tracer
+from meshd.router.pool import SHM_DIR, WorkerPool
 from meshd.score import link as score_link
 from meshd.score import service as score_api
 from meshd.score.scorer import Scorer
@@ -59,10 +60,13 @@ from meshd.signals import nodestate
 from meshd.signals.plane import SignalPlane
 from meshd.signals.readers import NodeStateReaders, Reader
 from meshd.signals.wire import SECTION as SIGNALS_SECTION
+from meshd.signals.wire import NodeSignals
 from meshd.train.board import STAMPED_OPS, PlacementStore
 from meshd.train.service import TrainService
-from policy.store import PolicyStore
 from topology.zones import Place
+
+if TYPE_CHECKING:
+    from meshd.router.gateway import Gateway
 
 log = logging.getLogger("meshd.agent")
 
@@ -209,7 +213,7 @@ class Agent:
             coordinator="coordinator" in settings.roles, expect=settings.bootstrap_expect,
             timing=WAN_TIMING if (settings.raft_timing or (
                 "wan" if settings.profile == "wan" else "lan")) == "wan" else Timing(),
-            stores={"policy": GroupStore(PolicyStore),
+            stores={"policy": GroupStore(ModelStore, MODEL_OPS),
                     "placements": GroupStore(PlacementStore, STAMPED_OPS)})
         self.health = AutoQuarantine(settings.node, self.control, lambda: self.signals.current,
                                      self._data.path)
@@ -220,6 +224,10 @@ class Agent:
                                   rtt_rows=self.coordinates.rtt_rows,
                                   comm_of=self._comm_stats, report_comm=self.signals.report_comm)
         self.train.tracer = tracing.tracer(self.tracing, "meshd.train")
+        self.models = ModelService(
+            settings.node, self.control, lambda: self.swim, self._signals_of,
+            runtime=self.signals.triton[0] if settings.model_control and self.signals.triton
+            else None)
         self.scorer = Scorer(self.signals.fused, zone=settings.zone, policy=self._policy_spec,
                              policy_version=lambda: self._policy_store.version,
                              rtt_of=self._rtt_of, zone_of=self._zone_of,
@@ -355,6 +363,8 @@ class Agent:
                 raft, raft_bind = (adv_host, DEFAULT_RAFT_PORT), s.gossip_binds()[0][0]
             ports["raft"] = raft[1]
         tags = dict(s.tags)
+        if s.model_control:  # the placement controller may put replicas here
+            tags[SLOTS_TAG] = str(s.model_slots)
         if sec.identity.mesh:  # members of another mesh are refused by it (gossip.state)
             tags[MESH_TAG] = sec.identity.mesh
         meta = NodeMeta.build(s.roles, s.zone, s.region, ports, tags)
@@ -377,6 +387,9 @@ class Agent:
                                                      self._router_counters, self._link_counts),
                                     TrainCollector(s.node, self.train))
         self.signals.on_comm = CollectiveMetrics(s.node, self.metrics.registry).observe
+        self.metrics.registry.register(ModelsCollector(s.node, self.models))
+        model_metrics = ModelMetrics(s.node, self.metrics.registry)
+        self.models.on_decision, self.models.on_load = model_metrics.decided, model_metrics.loaded
         transport.on_rtts = self.metrics.observe_rtts
         transport.attach(swim)
         self._data.save(swim.incarnation, list(saved.get("peers", []) or []))  # type: ignore[call-overload]
@@ -404,26 +417,15 @@ class Agent:
                     self.worker_counters)
             router_where = router_http_where = "off"
             if "router" in s.roles:
-                shm_dir = Path(s.data_path()) / router_server.SHM_DIR
-                shutil.rmtree(shm_dir, ignore_errors=True)  # regions die with the router
+                # regions die with the router
+                shutil.rmtree(Path(s.data_path()) / SHM_DIR, ignore_errors=True)
                 if s.router_workers:
                     # The ports are the workers': this process checks they are free (and
                     # what a port 0 is), then serves only their score link and score API.
                     router_where, router_http_where = self._reserve_router_ports()
                     await self._start_router_workers(router_where, router_http_where)
                 else:  # --router-workers 0: in this event loop, beside the control plane
-                    inflight = router_server.Inflight(s.router_inflight_mib << 20)
-                    self._router, self.router, router_where = await router_server.serve(
-                        LocalScoring(self.scorer, loop.time), loop.time, s.router_addr(),
-                        dev=s.dev, identity=lambda: sec.identity,
-                        tokens_file=s.router_tokens, verifier=sec.verifier,
-                        shm_dir=shm_dir, inflight=inflight)
-                    self.router.tracer = request_tracer(self.tracing)
-                    http_addr = s.router_http_addr()
-                    if http_addr is not None:
-                        ctx = None if s.dev else sec.server_tls()
-                        self._router_http, router_http_where = await router_server.serve_http(
-                            self.router, http_addr, ssl_context=ctx, inflight=inflight)
+                    router_where, router_http_where = await self._serve_router_here()
         except (OSError, TokenFileError) as exc:
             log.error("cannot start", extra={"event": "start_failed", "detail": str(exc)})
             await self._shutdown(leave=False)
@@ -447,6 +449,7 @@ class Agent:
         renewer = asyncio.create_task(sec.renew_loop())
         controller = asyncio.create_task(self.control.run())
         trainer = asyncio.create_task(self.train.run())
+        models = asyncio.create_task(self.models.run())
         await self.signals.start()
         follower = asyncio.create_task(self._follow_signals())
         health = asyncio.create_task(self.health.run())
@@ -465,6 +468,8 @@ class Agent:
         controller.cancel()
         trainer.cancel()
         await self.train.close()
+        models.cancel()
+        await self.models.close()
         follower.cancel()
         health.cancel()
         await self._shutdown(leave=code == 0)
@@ -530,6 +535,10 @@ class Agent:
             self.node_states.event(ev)
         if persist:
             self._save_state()
+
+    def _signals_of(self, name: str) -> NodeSignals | None:
+        entry = self.signals.fused.nodes.get(name)
+        return entry.signals if entry is not None else None
 
     def _gpus_of(self, name: str) -> list[GpuState]:
         entry = self.signals.fused.nodes.get(name)
@@ -626,6 +635,37 @@ class Agent:
         """The score link's message counts (None: no worker processes here)."""
         return self.link_counts if self.router_workers is not None else None
 
+    async def _serve_router_here(self) -> tuple[str, str]:
+        """Serve the router's ports in this event loop (``--router-workers 0``); returns where.
+
+        Imported here, not at the top: the router's ingress (tritonclient, numpy, aiohttp)
+        is most of an agent's memory, and by default it runs in the workers instead."""
+        from meshd.router import server as router_server
+        from meshd.router.scoring import LocalScoring
+        from meshd.router.traces import request_tracer
+
+        s, sec = self.settings, self.security
+        loop = asyncio.get_running_loop()
+        inflight = router_server.Inflight(s.router_inflight_mib << 20)
+        audit = self._authorizer.audit if self._authorizer is not None else None
+        front = None
+        if s.router_tls_front and not s.dev:
+            front = router_server.front_context(sec.id_dir, tokens=bool(s.router_tokens))
+            sec.tls_contexts.append(front)
+        self._router, self.router, router_where = await router_server.serve(
+            LocalScoring(self.scorer, loop.time), loop.time, s.router_addr(),
+            dev=s.dev, identity=lambda: sec.identity, tokens_file=s.router_tokens,
+            verifier=sec.verifier, shm_dir=Path(s.data_path()) / SHM_DIR, inflight=inflight,
+            tls_front=front, audit=audit)
+        self.router.tracer = request_tracer(self.tracing)
+        router_http_where = "off"
+        http_addr = s.router_http_addr()
+        if http_addr is not None:
+            ctx = None if s.dev else sec.server_tls()
+            self._router_http, router_http_where = await router_server.serve_http(
+                self.router, http_addr, ssl_context=ctx, inflight=inflight, audit=audit)
+        return router_where, router_http_where
+
     def _reserve_router_ports(self) -> tuple[str, str]:
         """The router's gRPC and HTTP addresses as the workers will bind them (``"off"``: no
         HTTP ingress), checked free now so that a port in use fails the start as it would
@@ -676,13 +716,18 @@ class Agent:
                 self.scorer, clock)
         argv = ["--score", api, "--link", link, "--router", _bracketed(router_where),
                 "--data", s.data_path(), "--node", s.node, "--log-level", s.log_level,
-                "--inflight-mib", str(s.router_inflight_mib)]
+                "--inflight-mib", str(s.router_inflight_mib), "--nice", str(s.router_nice)]
         if router_http_where != "off":
             argv += ["--router-http", _bracketed(router_http_where)]
         if s.router_tokens:
             argv += ["--tokens", os.path.abspath(s.router_tokens)]
         if s.dev:
             argv.append("--dev")
+        if s.audit_log:
+            argv += ["--audit-log", s.audit_log if s.audit_log == "off"
+                     else os.path.abspath(s.audit_log)]
+        if s.router_tls_front:
+            argv.append("--tls-front")
         self.router_workers = WorkerPool(s.router_workers, argv)
         await self.router_workers.start()
 

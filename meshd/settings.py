@@ -30,6 +30,7 @@ DEFAULT_ROUTER_PORT = 9000
 DEFAULT_ROUTER_HTTP_PORT = 9001
 MAX_ROUTER_WORKERS = 64
 DEFAULT_ROUTER_INFLIGHT_MIB = 256
+DEFAULT_ROUTER_NICE = 5
 
 
 class SettingsError(ValueError):
@@ -127,6 +128,10 @@ class Settings:
     router_tokens: str = ""
     """File of per-tenant bearer tokens for router clients (``tenant token-sha256`` lines);
     without it (and outside ``--dev``) clients must present a mesh client certificate."""
+    router_tls_front: bool = False
+    """Terminate the router gRPC port's TLS in a TLS front (:mod:`meshd.security.front`)
+    instead of in gRPC, so refused handshakes are counted and audited; it costs CPU per
+    request (``bench/tls_front.py``).  The HTTP port counts them always."""
     cert_san: list[str] = field(default_factory=list)
     """Extra DNS names and IP addresses for this node's certificate (a load balancer's name,
     say), besides those :meth:`cert_names` derives from the addresses above."""
@@ -141,6 +146,16 @@ class Settings:
     """MiB of request messages each router process holds in flight (received and not yet
     answered) at most; a request beyond it is shed (RESOURCE_EXHAUSTED, HTTP 429, reason
     ``memory``) before it is parsed."""
+    router_nice: int = DEFAULT_ROUTER_NICE
+    """How far below the agent's the router workers' CPU priority is (POSIX ``nice``, 0..19):
+    where requests take every core, gossip, Raft and the admin API run first."""
+    model_control: bool = False
+    """This node's Triton runs ``--model-control-mode=explicit`` and takes the placement
+    controller's replicas: meshd loads and unloads its models (meshd/models); without it
+    nothing here loads or unloads a model."""
+    model_slots: int = 1
+    """CPU-only model replicas the node has room for (``--model-control`` without GPUs: NVML
+    has no memory to size them by)."""
 
     # --- derived ---------------------------------------------------------------------------
 
@@ -299,6 +314,10 @@ class Settings:
         if not 64 <= self.router_inflight_mib <= 1 << 20:
             raise SettingsError("router_inflight_mib: must be 64..1048576 MiB (at least one "
                                 "request of the largest size)")
+        if not 0 <= self.model_slots <= 1024:
+            raise SettingsError("model_slots: must be 0..1024 CPU-only replicas")
+        if not 0 <= self.router_nice <= 19:
+            raise SettingsError("router_nice: must be 0..19 (POSIX niceness)")
         if not 0 <= self.bootstrap_expect <= 15:
             raise SettingsError("bootstrap_expect: must be 0..15 coordinators")
         if self.bootstrap_expect and "coordinator" not in self.roles:
@@ -407,8 +426,9 @@ def _parse_tags(items: list[str]) -> dict[str, str]:
 
 
 _LISTS = {"join", "roles", "subscribe", "cert_san"}
-_BOOLS = {"retry_join", "dev"}
-_INTS = {"retry_max", "bootstrap_expect", "router_workers", "router_inflight_mib"}
+_BOOLS = {"retry_join", "dev", "router_tls_front", "model_control"}
+_INTS = {"retry_max", "bootstrap_expect", "router_workers", "router_inflight_mib",
+         "router_nice", "model_slots"}
 _FLOATS = {"retry_interval", "cert_lifetime", "queue_interval", "stats_interval"}
 
 
@@ -495,12 +515,24 @@ def build_parser() -> argparse.ArgumentParser:
       help="router ingress, KServe v2 HTTP/REST (default: the gRPC ingress's host and next "
            "port, 9001)")
     a("--router-tokens", metavar="FILE", help="per-tenant bearer tokens for router clients")
+    a("--router-tls-front", action=argparse.BooleanOptionalAction, default=None,
+      help="terminate the router gRPC port's TLS in meshd's TLS front, which counts and "
+           "audits refused handshakes (default: off; costs CPU per request)")
     a("--router-workers", type=int, metavar="N",
       help="router worker processes serving the router's ports (default 1; more than 1: "
            "Linux; 0: this process serves them, in the control plane's event loop)")
     a("--router-inflight-mib", type=int, metavar="MIB",
       help="request bytes each router process holds in flight at most, in MiB (default "
            f"{DEFAULT_ROUTER_INFLIGHT_MIB}); beyond it requests are shed")
+    a("--router-nice", type=int, metavar="N",
+      help=f"niceness of the router workers below the agent (default {DEFAULT_ROUTER_NICE}; "
+           "0..19): under saturation the control plane runs first")
+    a("--model-control", action=argparse.BooleanOptionalAction, default=None,
+      help="this node's Triton runs --model-control-mode=explicit: the placement controller "
+           "loads and unloads its models (ModelPin policies)")
+    a("--model-slots", type=int, metavar="N",
+      help="CPU-only model replicas this node has room for (default 1; GPU nodes are sized "
+           "by free GPU memory)")
     return p
 
 

@@ -97,6 +97,16 @@ requests for a model are ranked, admitted and hedged (meshd/score/):
         at the clients' deadlines lets the fleet recover at once when the load falls
         (meshd/score/standing.py).
 
+ModelPlacement (policy; name = model or ``model:revision``) — where the placement controller
+has put a model (meshd/models).  Written only by its commands (command format 2), never by
+``policy apply``; a projection of :class:`meshd.models.record.PlacementRecord`:
+    gen (int >= 0): the model's generation (each decision bumps it; decisions are fenced by it).
+    replicas ({node: {model, node, gpu, state, load, since, footprint_bytes, reason, failed}}):
+        state "loading" | "ready" | "draining"; ``load`` the decision that made it.
+    failures ({node: {node, at, reason, count}}): failed loads per node (the back-off).
+    low_since (unix s | null), low_peak (int): the scale-down cool-down's bookkeeping.
+    refused (string), refused_reason (string): why it cannot be placed ("" = it can).
+
 TrainingPlacement (placements; name = job id) — where a training job runs:
     node (node name, required): the node the job is placed on.
     gpus ([string], default [] = a CPU-only job): GPU UUIDs or indices on that node.
@@ -149,7 +159,8 @@ from policy.fields import (
 )
 
 __all__ = [
-    "GROUPS", "JOB_STATES", "KINDS", "SPECS", "TRAINING_STATES", "Document", "PolicyError",
+    "GROUPS", "JOB_STATES", "KIND_FORMAT", "KINDS", "SPECS", "TRAINING_STATES", "Document",
+    "PolicyError",
     "copy_plain", "defaults", "schedulable", "validate", "validate_key",
 ]
 
@@ -245,6 +256,15 @@ SPECS: Mapping[str, Object] = {
         "standing_queue_ms": Field(Number(ge=0, le=3_600_000), 100.0,
                                    "shed once the wait stays above this for 1 s; 0 = off"),
     }),
+    "ModelPlacement": Object({
+        "gen": Field(Integer(ge=0), 0, "generation: decisions applied so far"),
+        "replicas": Field(Raw(nullable=False), {}, "node -> replica (state, GPU, load)"),
+        "failures": Field(Raw(nullable=False), {}, "node -> failed loads (the back-off)"),
+        "low_since": Field(Number(ge=0, nullable=True), None, "demand low since (unix s)"),
+        "low_peak": Field(Integer(ge=0), 0, "replicas demand needed while low"),
+        "refused": Field(Text(0, 64), "", "why it cannot be placed: a code; '' = it can"),
+        "refused_reason": Field(Text(0, 1024), "", "why, in words"),
+    }),
     "TrainingPlacement": Object({
         "node": required(name_check(), "node the job runs on"),
         "gpus": Field(ListOf(gpu_id_check()), [], "GPU UUIDs or indices; empty = CPU job"),
@@ -294,10 +314,16 @@ KINDS: Mapping[str, str] = {
     "ModelPin": "policy",
     "HealthPolicy": "policy",
     "RoutingPolicy": "policy",
+    "ModelPlacement": "policy",
     "TrainingPlacement": "placements",
     "TrainingJob": "placements",
 }
 """Kind -> the Raft group that replicates it."""
+
+KIND_FORMAT: Mapping[str, int] = {"ModelPlacement": 2}
+"""Kinds written only by commands of a newer format (see :data:`policy.store.COMMAND_VERSION`):
+a store holding none of them leaves them out of its snapshot, so a build that predates them
+can still load it."""
 
 _ENVELOPE = ("kind", "name", "spec", "version")
 _KIND = Choice(tuple(KINDS))  # for its description only

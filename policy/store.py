@@ -34,19 +34,22 @@ from policy.errors import PolicyError
 from policy.fields import Choice, Integer, Number, Object, Raw, Text, required, show
 from policy.fields import Field as F
 from policy.merge import merge_patch
-from policy.model import KINDS, Document, defaults, validate, validate_key
+from policy.model import KIND_FORMAT, KINDS, Document, defaults, validate, validate_key
 from policy.records import Change, StoredDoc
 
 __all__ = ["Change", "GapError", "PolicyStore", "StoredDoc", "SNAPSHOT_FORMAT"]
 
 SNAPSHOT_FORMAT = 1
 """Bumped whenever the snapshot layout changes incompatibly."""
-COMMAND_VERSION = 1
+COMMAND_VERSION = 2
 """The newest command format this build applies.  A command of format 1 carries no ``v``
 field, so the builds before formats existed apply it too; a newer format carries ``"v": N``
 and is proposed only once every voter of the group understands it
 (:class:`consensus.group.RaftGroup` enforces that), since a replica that cannot apply a
-committed command would split from the others."""
+committed command would split from the others.
+
+Format 2: the model placement controller's commands (:mod:`meshd.models.store`), which
+write ``ModelPlacement`` documents (:data:`policy.model.KIND_FORMAT`)."""
 
 _WRITE = {  # fields every mutating command shares
     "if_version": F(Integer(ge=0, nullable=True), None, "precondition on the doc's version"),
@@ -269,8 +272,10 @@ class PolicyStore:
 
     def snapshot(self) -> dict[str, Any]:
         """The whole state, history included, as plain data."""
+        used = {kind for kind, _ in self._docs} | {c.kind for c in self._history}
+        kinds = {k for k in self.kinds if KIND_FORMAT.get(k, 1) == 1 or k in used}
         return {"format": SNAPSHOT_FORMAT, "version": self._version,
-                "kinds": sorted(self.kinds), "history_limit": self.history_limit,
+                "kinds": sorted(kinds), "history_limit": self.history_limit,
                 "docs": [doc.to_dict() for doc in self.list()],
                 "history": [change.to_dict() for change in self._history]}
 
@@ -285,7 +290,11 @@ class PolicyStore:
         if not isinstance(kinds, list) or not all(isinstance(k, str) and k in KINDS
                                                   for k in kinds):
             raise PolicyError("snapshot.kinds", "must be a list of kinds: " + ", ".join(KINDS))
-        store = cls(kinds, fields["history_limit"])
+        # A snapshot leaves out newer kinds it holds none of (so older builds can load it);
+        # this store must still take those of its groups.
+        groups = {KINDS[k] for k in kinds}
+        store = cls({*kinds, *(k for k in KIND_FORMAT if KINDS[k] in groups)},
+                    fields["history_limit"])
         store.load(data)
         return store
 

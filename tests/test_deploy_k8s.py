@@ -204,3 +204,25 @@ def test_the_wheel_the_image_installs_builds_and_holds_every_package(tmp_path: P
         assert f"{package}/__init__.py" in names, package
     assert "meshd/router/traces.py" in names and "proto/mesh/v1/score.proto" in names
     assert not [n for n in names if n.startswith("tests/")]
+
+
+def test_the_autoscaling_examples_scale_triton_on_meshd_s_placement_signals() -> None:
+    """deploy/k8s/autoscaling: the HPA validates against the Kubernetes schemas; the KEDA
+    ScaledObject (a CRD) and the prometheus-adapter rules query series meshd exports."""
+    import kubernetes_validate
+
+    from meshd.metrics.schema import METRICS
+
+    auto = K8S / "autoscaling"
+    (hpa,) = [d for d in yaml.safe_load_all((auto / "hpa-external.yaml").read_text()) if d]
+    kubernetes_validate.validate(hpa, "1.31", strict=True)
+    assert hpa["spec"]["metrics"][0]["external"]["metric"]["name"] in METRICS
+    (scaled,) = [d for d in yaml.safe_load_all((auto / "keda-scaledobject.yaml").read_text())
+                 if d]
+    assert scaled["kind"] == "ScaledObject"
+    assert scaled["spec"]["scaleTargetRef"]["name"] == hpa["spec"]["scaleTargetRef"]["name"]
+    queried = {re.match(r"max\((\w+)\{", t["metadata"]["query"]).group(1)  # type: ignore[union-attr]
+               for t in scaled["spec"]["triggers"]}
+    assert queried and queried <= set(METRICS), queried
+    rules = yaml.safe_load((auto / "prometheus-adapter-rules.yaml").read_text())
+    assert {r["name"]["as"] for r in rules["rules"]["external"]} <= set(METRICS)

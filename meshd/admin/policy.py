@@ -366,13 +366,17 @@ class ConsensusService(admin_pb2_grpc.ConsensusServicer):
     async def _not_own(self, group: str, command: dict[str, Any], via: str) -> str:
         """"" when ``command`` is one the agent on node ``via`` makes by itself; else why not.
 
-        Those are the training scheduler's and trainers' lease commands, and the automatic
+        Those are the training scheduler's and trainers' lease commands, its reports of the
+        model replicas placed on it (:mod:`meshd.models.store`), and the automatic
         quarantine of ``via`` itself (set with ``auto: true``, or lifted) as long as it does not
         replace or lift an operator's quarantine.
         """
         op = command.get("op")
         if group == "placements" and op in LEASE_OPS:
             return ""
+        if group == "policy" and op == "report":  # what its Triton did with a model replica
+            node = command.get("node")
+            return "" if node == via else f"a node reports only its own replicas, not {node!r}"
         if not (group == "policy" and op == "patch" and command.get("kind") == "NodeFlags"):
             return (f"a {op!r} command in group {group} is a person's write and comes with no "
                     "caller's credential")

@@ -17,6 +17,7 @@ from certs.identity import Identity, IdentityError, load_pem_certs
 from certs.spiffe import SpiffeError, SpiffeId
 from meshd.admin.rbac import ACCESS_ROLES
 from meshd.ctl import jobs as ctl_jobs
+from meshd.ctl import models as ctl_models
 from meshd.ctl import policy as ctl_policy
 from meshd.ctl import state as ctl_state
 from meshd.ctl.diagnose import explain
@@ -245,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl_policy.add_commands(sub)
     ctl_state.add_commands(sub)
     ctl_jobs.add_commands(sub)
+    ctl_models.add_commands(sub)
     return p
 
 

@@ -47,6 +47,7 @@ LAYERS = {
     "score": "the scoring API: admission, ranking, hedging, outcomes (meshd/score/)",
     "router": "the router role's ingress (meshd/router/)",
     "train": "training jobs, leases and collectives (meshd/train/)",
+    "models": "model replicas placed across the fleet (meshd/models/)",
 }
 
 UNITS = {
@@ -76,7 +77,7 @@ LABELS = {
     "reason": "a fixed reason code named by the code that counts it",
     "channel": "a security channel: admin, gossip_stream, enrollment, raft, ...",
     "op": "an operation kind from a fixed list (enroll/renew; all_reduce, all_gather, "
-          "reduce_scatter, broadcast, all_to_all, other)",
+          "reduce_scatter, broadcast, all_to_all, other; load, unload, forget, low, refuse)",
     "group": "a Raft group: policy, placements",
     "path": "local / forwarded",
     "outcome": "a fixed outcome code",
@@ -85,12 +86,14 @@ LABELS = {
     "action": "quarantine / lift / failed",
     "strategy": "a routing strategy's registered name",
     "why": "a fixed reason code",
-    "code": "a gRPC status name, or no_targets / scorer_unavailable",
+    "code": "a gRPC status name, or no_targets / scorer_unavailable; a placement refusal: "
+            "too_large, gpu_type, backoff, few_nodes, no_node",
     "active": "the model's active strategy",
     "candidate": "a shadow strategy",
     "via": "how a node's telemetry arrived: gossip / direct / self",
     "process": "a router process: agent, a worker life (bounded at 256), retired",
-    "state": "a training job state: queued, placed, running, done, failed, cancelled",
+    "state": "a training job state: queued, placed, running, done, failed, cancelled; a model "
+             "replica's: loading, ready, draining",
 }
 SHARED_LABELS = ("model", "revision", "runtime", "node", "gpu_uuid", "tenant", "zone")
 
@@ -119,6 +122,7 @@ RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 RATIO_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 WRITE_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
                  1.0, 2.5, 5.0)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 COLLECTIVE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 
 C: Kind = "counter"
@@ -321,6 +325,22 @@ METRICS: dict[str, Spec] = {s.name: s for s in (
        buckets=COLLECTIVE_BUCKETS),
     _s("meshd_train_collective_bytes", C, "Bytes moved by the collectives reported here",
        "op", unit="bytes"),
+    # --- models ---
+    _s("meshd_models_replicas", G,
+       "Model replicas in the placement record (policy group), by state", "model", "state"),
+    _s("meshd_models_desired_replicas", G,
+       "Replicas the placement controller wants, from pins and demand (this node's view)",
+       "model"),
+    _s("meshd_models_demand", G,
+       "Seconds of work per second the model's ready replicas do, over the fleet", "model"),
+    _s("meshd_models_utilisation", G,
+       "Demand per ready replica (0 without one): what an autoscaler scales on", "model"),
+    _s("meshd_models_refused", G, "1 while the model cannot be placed, by reason code",
+       "model", "code"),
+    _s("meshd_models_decisions", C, "Placement decisions this node proposed and committed",
+       "op"),
+    _s("meshd_models_load_seconds", H, "Time this node's Triton took to load a replica",
+       "outcome", unit="seconds", buckets=LOAD_BUCKETS),
 )}
 
 

@@ -270,6 +270,13 @@ class PlacementRecord:
         """The whole record as plain JSON data (for Raft snapshots and read copies)."""
         return {"models": {k: _state_dict(s) for k, s in sorted(self._models.items())}}
 
+    def snapshot_of(self, model: str) -> dict[str, Any]:
+        """One model's state as plain data, without the recent decision ids (the spec of its
+        ``ModelPlacement`` document: :mod:`meshd.models.store`)."""
+        out = _state_dict(self.get(model))
+        del out["recent"]
+        return out
+
     @classmethod
     def restore(cls, data: Mapping[str, Any]) -> PlacementRecord:
         """The record a :meth:`snapshot` was taken of."""

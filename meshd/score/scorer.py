@@ -285,7 +285,8 @@ class Scorer:
         self.timer = timer
         self.counters = ScoreCounters()
         self.table = TargetTable(fused, self.config, rtt_of=rtt_of, zone_of=zone_of,
-                                 pin_of=self._pin_of, policy_version=policy_version,
+                                 pin_of=self._pin_of, placement_of=self._placement_of,
+                                 policy_version=policy_version,
                                  new_stats=self._new_stats)
         self.tenants = TenantGate(lambda t: policy("TenantQuota", t), policy_version,
                                   quota_share)
@@ -312,6 +313,10 @@ class Scorer:
 
     def _pin_of(self, model: str, version: str) -> dict[str, Any] | None:
         return self.policy("ModelPin", f"{model}:{version}") or self.policy("ModelPin", model)
+
+    def _placement_of(self, model: str, version: str) -> dict[str, Any] | None:
+        return (self.policy("ModelPlacement", f"{model}:{version}")
+                or self.policy("ModelPlacement", model))
 
     def _new_stats(self) -> TargetStats:
         return TargetStats(AdaptiveLimit(self.limiter))

@@ -297,7 +297,8 @@ class TargetTable:
     """Builds and caches each model's targets from the fused view.
 
     ``rtt_of(node)`` is the estimated round trip to a node (None: unknown), ``zone_of(node)``
-    its zone, ``pin_of(model, version)`` the ModelPin spec in force (or None) and
+    its zone, ``pin_of(model, version)`` the ModelPin spec in force (or None),
+    ``placement_of(model, version)`` the model's ModelPlacement spec (or None) and
     ``policy_version()`` moves whenever policy (flags, pins) may have changed.
     """
 
@@ -305,12 +306,17 @@ class TargetTable:
                  rtt_of: Callable[[str], float | None], zone_of: Callable[[str], str],
                  pin_of: Callable[[str, str], dict[str, Any] | None],
                  policy_version: Callable[[], int],
-                 new_stats: Callable[[], TargetStats]) -> None:
+                 new_stats: Callable[[], TargetStats],
+                 placement_of: Callable[[str, str], dict[str, Any] | None] = lambda m, v: None
+                 ) -> None:
         self.fused = fused
         self.config = config
         self.rtt_of = rtt_of
         self.zone_of = zone_of
         self.pin_of = pin_of
+        self.placement_of = placement_of
+        """The model's ``ModelPlacement`` spec (meshd.models), or None: a replica the placement
+        controller is draining gets no new requests, so it can be unloaded with none lost."""
         self.policy_version = policy_version
         self.new_stats = new_stats
         self.stats: dict[str, TargetStats] = {}
@@ -430,6 +436,9 @@ class TargetTable:
                       stats=self.stats_for(rep.key), http=rep.http)
 
     def _pinned_here(self, rep: ReplicaState, node: str, sig: NodeSignals) -> bool:
+        placed = self.placement_of(rep.model, rep.version)
+        if placed is not None and placed["replicas"].get(node, {}).get("state") == "draining":
+            return False
         pin = self.pin_of(rep.model, rep.version)
         if pin is None:
             return True
