@@ -45,9 +45,11 @@ from meshd.metrics.agent import AgentMetrics
 from meshd.metrics.models import ModelMetrics, ModelsCollector
 from meshd.metrics.routing import RoutingCollector
 from meshd.metrics.train import CollectiveMetrics, TrainCollector
+from meshd.models.config import PlacementConfig
 from meshd.models.service import SLOTS_TAG, ModelService
 from meshd.models.store import STAMPED_OPS as MODEL_OPS
 from meshd.models.store import ModelStore
+from meshd.models.wants import SECTION as WANT_SECTION
 from meshd.router.auth import TokenFileError
 from meshd.router.counters import RouterCounters, WorkerCounters
 from meshd.router.pool import SHM_DIR, WorkerPool
@@ -227,11 +229,14 @@ class Agent:
         self.models = ModelService(
             settings.node, self.control, lambda: self.swim, self._signals_of,
             runtime=self.signals.triton[0] if settings.model_control and self.signals.triton
-            else None)
+            else None, config=PlacementConfig(target_utilisation=settings.model_target_utilisation,
+                                              cool_down_s=settings.model_cool_down))
         self.scorer = Scorer(self.signals.fused, zone=settings.zone, policy=self._policy_spec,
                              policy_version=lambda: self._policy_store.version,
                              rtt_of=self._rtt_of, zone_of=self._zone_of,
                              quota_share=self._quota_share)
+        self.scorer.wanted = self.models.want
+        self.models.changed = lambda: self._publish_now.set()
         self._score: object | None = None
         self._router: object | None = None
         self._router_http: object | None = None
@@ -254,7 +259,9 @@ class Agent:
             Reader(self.security.learn, forget=self.security.forget),
             Reader(self.control.learn),
             Reader(self.signals.learn, section=SIGNALS_SECTION, patch=self.signals.learn_patch,
-                   forget=self.signals.forget)],
+                   forget=self.signals.forget),
+            Reader(self.models.learn_wants, section=WANT_SECTION,
+                   forget=self.models.wants.forget)],
             malformed=lambda: coords.rejected.update(malformed=1))
         """Members' node state, each section to the layer that reads it."""
 
@@ -588,6 +595,7 @@ class Agent:
             sig = self.signals.section()
             if sig is not None:
                 self._state.set(SIGNALS_SECTION, sig, self.signals.patch())
+            self._state.set(WANT_SECTION, self.models.want_section())
             published = self._state.take()
             if published is not None:
                 blob, delta = published

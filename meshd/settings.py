@@ -156,6 +156,12 @@ class Settings:
     model_slots: int = 1
     """CPU-only model replicas the node has room for (``--model-control`` without GPUs: NVML
     has no memory to size them by)."""
+    model_target_utilisation: float = 0.7
+    """On coordinators (the placement controller): the share of its time a model replica
+    should be busy; demand of ``d`` seconds of work per second wants ``ceil(d / this)``."""
+    model_cool_down: float = 120.0
+    """On coordinators: seconds a model's demand must stay low before a replica is removed
+    (adding one is immediate)."""
 
     # --- derived ---------------------------------------------------------------------------
 
@@ -316,6 +322,10 @@ class Settings:
                                 "request of the largest size)")
         if not 0 <= self.model_slots <= 1024:
             raise SettingsError("model_slots: must be 0..1024 CPU-only replicas")
+        if not 0 < self.model_target_utilisation <= 1:
+            raise SettingsError("model_target_utilisation: must be in (0, 1]")
+        if not 0 <= self.model_cool_down <= 86_400:
+            raise SettingsError("model_cool_down: must be 0..86400 seconds")
         if not 0 <= self.router_nice <= 19:
             raise SettingsError("router_nice: must be 0..19 (POSIX niceness)")
         if not 0 <= self.bootstrap_expect <= 15:
@@ -429,7 +439,8 @@ _LISTS = {"join", "roles", "subscribe", "cert_san"}
 _BOOLS = {"retry_join", "dev", "router_tls_front", "model_control"}
 _INTS = {"retry_max", "bootstrap_expect", "router_workers", "router_inflight_mib",
          "router_nice", "model_slots"}
-_FLOATS = {"retry_interval", "cert_lifetime", "queue_interval", "stats_interval"}
+_FLOATS = {"retry_interval", "cert_lifetime", "queue_interval", "stats_interval",
+           "model_target_utilisation", "model_cool_down"}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
@@ -533,6 +544,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--model-slots", type=int, metavar="N",
       help="CPU-only model replicas this node has room for (default 1; GPU nodes are sized "
            "by free GPU memory)")
+    a("--model-target-utilisation", type=float, metavar="U",
+      help="coordinators: the busy share a model replica is sized for (default 0.7)")
+    a("--model-cool-down", type=float, metavar="S",
+      help="coordinators: seconds of low demand before a model replica is removed "
+           "(default 120)")
     return p
 
 

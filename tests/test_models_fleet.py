@@ -12,6 +12,7 @@ not exist is refused, with the reason, in its ModelPlacement document.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,11 +21,13 @@ from typing import Any
 
 from meshd.dev.triton import TritonServer
 from proto.mesh.v1 import admin_pb2
-from testbed.cluster import Cluster, Node, node_ip
+from testbed.cluster import TRUST_DOMAIN, Cluster, Node, node_ip
 from testbed.raft import coordinator_args, pick_raft_port
 from tests.triton import TritonFactory
 
 MODEL = "add_sub"
+COOL_DOWN = 8.0
+"""Seconds of low demand before a replica goes (the default is 120)."""
 
 
 def _ready(server: TritonServer, model: str = MODEL) -> bool:
@@ -119,3 +122,98 @@ def _try_apply(c: Cluster, doc: dict[str, Any]) -> bool:
         return True
     except Exception:  # noqa: BLE001 - no leader yet: try again
         return False
+
+
+def _caller(router: str, creds: Path, stop: threading.Event, pause: float,
+            outcomes: list[str], *, at_least_once: bool = False) -> None:
+    """Closed-loop ``delay`` requests through the router until ``stop``; each outcome is
+    appended ("ok" or the error)."""
+    import tritonclient.grpc as tc
+
+    from certs.spiffe import any_node_dns
+    from tests.triton import delay_inputs
+
+    client = tc.InferenceServerClient(
+        router, ssl=True, root_certificates=str(creds / "bundle.pem"),
+        private_key=str(creds / "key.pem"), certificate_chain=str(creds / "cert.pem"),
+        channel_args=[("grpc.ssl_target_name_override", any_node_dns(TRUST_DOMAIN))])
+    inputs = delay_inputs(64, tc)
+    try:
+        while at_least_once or not stop.is_set():
+            at_least_once = False
+            try:
+                client.infer("delay", inputs, client_timeout=30)
+                outcomes.append("ok")
+            except Exception as exc:  # noqa: BLE001 - what failed is the test's finding
+                outcomes.append(str(exc))
+            if pause:
+                stop.wait(pause)
+    finally:
+        client.close()
+
+
+def test_demand_adds_a_replica_and_its_end_removes_one_after_the_cool_down_losing_no_request(
+        tmp_path: Path, triton_factory: TritonFactory) -> None:
+    """Demand surge -> a replica added; demand gone -> one removed after the cool-down, and
+    the requests that kept coming meanwhile all succeed (the replica was drained first)."""
+    servers = triton_factory(3, explicit=True, models=[])
+    raft = pick_raft_port([node_ip(i) for i in range(1, 4)])
+    c = Cluster(3, tmp_path / "mesh", node_args=lambda i: [
+        "--gpu", "off", "--model-control", "--model-slots", "1",
+        "--model-cool-down", str(COOL_DOWN), "--triton", servers[i - 1].meshd_spec,
+        *(["--role", "router", "--subscribe", "*"] if i == 1 else []),
+        *coordinator_args(i, raft, 3)])
+    stop, trickle_stop = threading.Event(), threading.Event()
+    heavy: list[str] = []
+    trickle: list[str] = []
+    threads: list[threading.Thread] = []
+    try:
+        c.start()
+        c.wait_converged(60)
+        for s in servers:  # 50 ms a request, one at a time: 8 callers keep ~2 replicas busy
+            s.set_behaviour("delay", delay_ms=50)
+        c.wait_for(lambda: _try_apply(c, {"kind": "ModelPin", "name": "delay",
+                                          "spec": {"min_replicas": 0, "max_replicas": 3}}),
+                   60, "the pin written (a policy leader elected)")
+        router = c.nodes[0].router
+        time.sleep(2)
+        assert not any(_ready(s, "delay") for s in servers), "a pin of 0 loads nothing"
+        # Scale from zero: the first request is held while a replica loads, then answered.
+        first: list[str] = []
+        once = threading.Event()
+        once.set()  # one request, no loop
+        started = time.monotonic()
+        _caller(router, c.admin_creds, once, 0.0, first, at_least_once=True)
+        assert first == ["ok"], first
+        assert sum(_ready(s, "delay") for s in servers) == 1
+        assert time.monotonic() - started < 30
+        threads = [threading.Thread(target=_caller, args=(router, c.admin_creds, stop, 0.0,
+                                                          heavy)) for _ in range(8)]
+        threads.append(threading.Thread(target=_caller, args=(
+            router, c.admin_creds, trickle_stop, 0.05, trickle)))
+        for t in threads:
+            t.start()
+        c.wait_for(lambda: sum(_ready(s, "delay") for s in servers) >= 2, 60,
+                   "a replica added for the demand")
+        time.sleep(3)  # the new replica takes requests
+        stop.set()  # the surge ends; the trickle goes on
+        added = sum(_ready(s, "delay") for s in servers)
+        time.sleep(2)  # the surge's queue drains (requests shed in the surge are its own)
+        calm = len(trickle)
+        c.wait_for(lambda: sum(_ready(s, "delay") for s in servers) < added, COOL_DOWN + 60,
+                   "a replica removed after the cool-down")
+        spec = _placement(c, c.nodes[1], "delay") or {}
+        assert len(_ready_in_record(spec)) == sum(_ready(s, "delay") for s in servers), spec
+        time.sleep(2)  # requests after the unload, too
+        trickle_stop.set()
+        for t in threads:
+            t.join(30)
+        failed = [o for o in trickle[calm:] if o != "ok"]
+        assert len(trickle) - calm > 50 and not failed, (len(trickle) - calm, failed[:3])
+        assert heavy.count("ok") > 100, heavy[-3:]
+    finally:
+        stop.set()
+        trickle_stop.set()
+        for t in threads:
+            t.join(30)
+        c.close()

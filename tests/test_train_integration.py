@@ -124,7 +124,7 @@ def test_jobs_run_resume_after_a_trainer_dies_and_cancel(meshes: Callable[..., M
     # A short job runs to the end.
     t0 = time.monotonic()
     first = submit(mesh, plain, spec("short", tmp_path))
-    assert first[0].state == "queued"
+    assert first[0].state in ("queued", "placed")  # the scheduler may place it at once
     running = wait_job(mesh, mesh.c.seed, "short", lambda s: s.state in ("running", "done"),
                        10, "short job running")
     to_running = time.monotonic() - t0

@@ -45,6 +45,8 @@ from meshd.models.record import (
     report_command,
 )
 from meshd.models.store import KIND, command, record_of
+from meshd.models.wants import SECTION as WANT_SECTION
+from meshd.models.wants import Wants, WantsError
 from meshd.signals.wire import NodeSignals
 
 log = logging.getLogger("meshd.models")
@@ -111,6 +113,12 @@ class ModelService:
         """The enactor's work in progress, by model."""
         self._missing: dict[str, float] = {}
         """Ready replicas its Triton answers without, since when (monotonic)."""
+        self.wants = Wants(self.config.request_hold_s)
+        """Models requested with no ready replica, here and as other nodes publish them."""
+        self.changed: Callable[[], None] = lambda: None
+        """Called when this node's ``want`` section should go out now (set by the agent)."""
+        self.malformed = 0
+        """Other nodes' ``want`` sections dropped as malformed."""
         self.on_decision: Callable[[str], None] = lambda op: None
         """Called with the op of each decision this node proposed that committed (metrics)."""
         self.on_load: Callable[[float, bool], None] = lambda seconds, ok: None
@@ -148,12 +156,42 @@ class ModelService:
         """The pinned models (ModelPin policies), each with its demand."""
         store = self.control.views["policy"].store
         demand = self.demand()
+        now = self.clock()
         out = []
         for d in store.list("ModelPin"):
             name, _, revision = d.document.name.partition(":")
             out.append(Model(name, revision, Pin.from_spec(d.document.spec),
-                             demand=demand.get(name, 0.0)))
+                             demand=demand.get(name, 0.0),
+                             requested_at=self.wants.latest(d.document.name, now)))
         return out
+
+    # --- scale from zero ----------------------------------------------------------------------
+
+    def want(self, model: str, version: str) -> bool:
+        """A router here got a request for ``model`` with no ready replica: if meshd places
+        it (a ModelPin for ``model:version`` or ``model``), note the want, publish it, and
+        say so (the router holds the request for the replica that will come)."""
+        store = self.control.views["policy"].store
+        key = next((k for k in ((f"{model}:{version}",) if version else ()) + (model,)
+                    if store.get("ModelPin", k) is not None), None)
+        if key is None:
+            return False
+        self.wants.note(key, self.clock())
+        self.changed()
+        return True
+
+    def learn_wants(self, node: str, sections: dict[str, bytes]) -> None:
+        """A member's ``want`` section (node-state reader)."""
+        try:
+            self.wants.learn(node, sections[WANT_SECTION], self.clock())
+        except WantsError as exc:
+            self.malformed += 1
+            log.debug("malformed want section", extra={"event": "want_malformed",
+                                                       "member": node, "detail": str(exc)})
+
+    def want_section(self) -> bytes:
+        """This node's ``want`` section."""
+        return self.wants.section(self.clock())
 
     def demand(self) -> dict[str, float]:
         """Seconds of work per second per model, over the fleet's ready replicas."""

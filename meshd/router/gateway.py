@@ -54,6 +54,15 @@ log = logging.getLogger("meshd.router")
 SCHEMA_TTL = 60.0
 """Seconds a model's config is trusted before it is fetched again."""
 CONFIG_TIMEOUT = 5.0
+HOLD_MAX = 60.0
+"""Seconds a request for a model placed by meshd with no ready replica waits for one (scale
+from zero; the client's own deadline ends it sooner)."""
+HOLD_POLL = 0.2
+"""Seconds between looks for a ready replica while a request waits."""
+WANT_EVERY = 5.0
+"""Seconds between reminders to the placement controller while requests wait."""
+MAX_HELD = 256
+"""Requests one router process holds for a replica at once; more fail at once."""
 """Seconds a call the router makes for itself (a config, statistics, metadata) may take."""
 FLEET_TTL = 10.0
 """Seconds the fleet's server metadata is reused."""
@@ -243,6 +252,8 @@ class Gateway:
         """Outcomes not yet reported (:meth:`_post`)."""
         self._flush_timer: asyncio.TimerHandle | None = None
         self.known = KnownRequests()
+        self.held = 0
+        """Requests waiting for a model's first replica (scale from zero)."""
         """Requests validated before (:mod:`meshd.router.known`)."""
         self._score_now: Callable[[ScoreRequest, float], Scored] | None = getattr(
             scoring, "score_now", None)
@@ -528,11 +539,44 @@ class Gateway:
         if schema is not None:
             return schema
         endpoints = await self._endpoints(model, version)
+        if not endpoints and model:
+            endpoints = await self._hold_for_replica(model, version)
         if endpoints:
-            schema = await self.schemas.get(model, version, endpoints[:3], now)
+            schema = await self.schemas.get(model, version, endpoints[:3], self.clock())
         if schema is None:
             raise await self._missing(model, version)
         return schema
+
+    async def _hold_for_replica(self, model: str, version: str) -> list[str]:
+        """Scale from zero: a request for a model with no ready replica tells the placement
+        controller (through the agent); when meshd places the model, the request waits for a
+        replica to be ready (``HOLD_MAX`` seconds at most, or the client's deadline, which
+        cancels it) instead of failing.  ``MAX_HELD`` requests wait at once, at most: the
+        rest fail at once as before.  Returns the endpoints, or [] (not placed by meshd,
+        too many held, or none came)."""
+        if self.held >= MAX_HELD:
+            return []
+        try:
+            if not await self.ask(self.scoring.want(model, version)):
+                return []
+        except RouterError:
+            return []
+        self.held += 1
+        loop = asyncio.get_running_loop()
+        try:
+            start = loop.time()
+            told = start
+            while loop.time() - start < HOLD_MAX:
+                await asyncio.sleep(HOLD_POLL)
+                endpoints = await self._endpoints(model, version)
+                if endpoints:
+                    return endpoints
+                if loop.time() - told >= WANT_EVERY:  # still wanted: keep it published
+                    told = loop.time()
+                    await self.ask(self.scoring.want(model, version))
+        finally:
+            self.held -= 1
+        return []
 
     async def _schema(self, model: str, version: str, now: float) -> ModelSchema:
         """:meth:`schema` for a request, whose failure is counted as a failed request."""

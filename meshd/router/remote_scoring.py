@@ -283,6 +283,14 @@ class RemoteScoring:
             raise _failure(exc) from None
         return {(m.model, m.version): m.ready for m in reply.models}
 
+    async def want(self, model: str, version: str) -> bool:
+        try:
+            reply = await self.stub.WantModel(score_pb2.WantRequest(model=model, version=version),
+                                              timeout=CALL_TIMEOUT)
+        except grpc.aio.AioRpcError as exc:
+            raise _failure(exc) from None
+        return bool(reply.managed)
+
     async def send_counters(self, msg: score_pb2.RouterCounters) -> None:
         try:
             await self.stub.ReportRouterCounters(msg, timeout=CALL_TIMEOUT)

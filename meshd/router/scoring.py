@@ -43,6 +43,10 @@ class Scoring(Protocol):
     async def models(self) -> dict[tuple[str, str], bool]:
         """Every (model, version) in the mesh, and whether a routable replica is ready."""
 
+    async def want(self, model: str, version: str) -> bool:
+        """A request for ``model`` found no ready replica: tell the placement controller;
+        True when meshd places the model (a replica may come: hold the request)."""
+
     async def close(self) -> None: ...
 
 
@@ -82,6 +86,9 @@ class LocalScoring:
 
     async def models(self) -> dict[tuple[str, str], bool]:
         return self.scorer.models(self.clock())
+
+    async def want(self, model: str, version: str) -> bool:
+        return self.scorer.wanted(model, version)
 
     async def close(self) -> None:
         pass

@@ -284,6 +284,9 @@ class Scorer:
         self.rng = rng or random.Random()
         self.timer = timer
         self.counters = ScoreCounters()
+        self.wanted: Callable[[str, str], bool] = lambda model, version: False
+        """Told of a request for a model with no ready replica (scale from zero, set by the
+        agent: meshd.models); True when meshd places the model, so a replica may come."""
         self.table = TargetTable(fused, self.config, rtt_of=rtt_of, zone_of=zone_of,
                                  pin_of=self._pin_of, placement_of=self._placement_of,
                                  policy_version=policy_version,

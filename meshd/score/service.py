@@ -237,6 +237,13 @@ class ScoreService(score_pb2_grpc.ScoreServicer):
             score_pb2.ModelEntry(model=m, version=v, ready=ready)
             for (m, v), ready in sorted(self.scorer.models(self.clock()).items())])
 
+    async def WantModel(self, request: score_pb2.WantRequest,
+                        context: grpc.aio.ServicerContext) -> score_pb2.WantReply:
+        if not 0 < len(request.model) <= 256 or len(request.version) > 64:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "model: 1..256 characters; version: at most 64")
+        return score_pb2.WantReply(managed=self.scorer.wanted(request.model, request.version))
+
     async def ReportRouterCounters(self, request: score_pb2.RouterCounters,
                                    context: grpc.aio.ServicerContext
                                    ) -> score_pb2.RouterCountersAck:

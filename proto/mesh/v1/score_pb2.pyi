@@ -202,6 +202,20 @@ class HedgeReply(_message.Message):
     target: Target
     def __init__(self, found: _Optional[bool] = ..., target: _Optional[_Union[Target, _Mapping]] = ...) -> None: ...
 
+class WantRequest(_message.Message):
+    __slots__ = ("model", "version")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class WantReply(_message.Message):
+    __slots__ = ("managed",)
+    MANAGED_FIELD_NUMBER: _ClassVar[int]
+    managed: bool
+    def __init__(self, managed: _Optional[bool] = ...) -> None: ...
+
 class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -74,6 +74,11 @@ class ScoreStub:
                 request_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.RouterCounters.SerializeToString,
                 response_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.RouterCountersAck.FromString,
                 _registered_method=True)
+        self.WantModel = channel.unary_unary(
+                '/mesh.v1.Score/WantModel',
+                request_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.WantRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.WantReply.FromString,
+                _registered_method=True)
 
 
 class ScoreServicer:
@@ -140,6 +145,15 @@ class ScoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WantModel(self, request, context):
+        """A request for a model with no ready replica (scale from zero): the agent tells the
+        placement controller, and says whether the model is placed by meshd (a ModelPin), so
+        that a replica may come and the router should hold the request for it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ScoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +196,11 @@ def add_ScoreServicer_to_server(servicer, server):
                     servicer.ReportRouterCounters,
                     request_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.RouterCounters.FromString,
                     response_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.RouterCountersAck.SerializeToString,
+            ),
+            'WantModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.WantModel,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.WantRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.WantReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -400,6 +419,33 @@ class Score:
             '/mesh.v1.Score/ReportRouterCounters',
             proto_dot_mesh_dot_v1_dot_score__pb2.RouterCounters.SerializeToString,
             proto_dot_mesh_dot_v1_dot_score__pb2.RouterCountersAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WantModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Score/WantModel',
+            proto_dot_mesh_dot_v1_dot_score__pb2.WantRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_score__pb2.WantReply.FromString,
             options,
             channel_credentials,
             insecure,
