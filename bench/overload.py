@@ -103,9 +103,10 @@ MODEL = "add_sub"
 WIDTH = 16
 PHASES = ("before", "during", "after")
 CONFIGS = {"workers": [], "agent": ["--router-workers", "0"],
-           "workers-nice0": ["--router-nice", "0"]}
+           "workers-nice0": ["--router-nice", "0"], "workers-nice19": ["--router-nice", "19"]}
 CONFIG_LABEL = {"workers": "workers (default)", "agent": "agent (--router-workers 0)",
-                "workers-nice0": "workers at the agent's priority (--router-nice 0)"}
+                "workers-nice0": "workers at the agent's priority (--router-nice 0)",
+                "workers-nice19": "workers at the lowest priority (--router-nice 19)"}
 KINDS = ("at_limit", "over_limit", "far_over", "random", "bomb", "http_over", "http_json")
 ADMIN_EVERY = 0.05
 SAMPLE_EVERY = 0.5
