@@ -236,6 +236,7 @@ class Agent:
                              rtt_of=self._rtt_of, zone_of=self._zone_of,
                              quota_share=self._quota_share)
         self.scorer.wanted = self.models.want
+        self.models.gpu_used = self._gpu_used
         self.models.changed = lambda: self._publish_now.set()
         self._score: object | None = None
         self._router: object | None = None
@@ -542,6 +543,14 @@ class Agent:
             self.node_states.event(ev)
         if persist:
             self._save_state()
+
+    async def _gpu_used(self) -> dict[str, int] | None:
+        """NVML's used memory per GPU, read now (None without GPU telemetry)."""
+        gpu = self.signals.gpu
+        if gpu is None or gpu.cpu_only:
+            return None
+        await gpu.poll()
+        return {uuid: g.memory_total - g.memory_free for uuid, g in gpu.gpus.items()}
 
     def _signals_of(self, name: str) -> NodeSignals | None:
         entry = self.signals.fused.nodes.get(name)

@@ -38,8 +38,10 @@ Commands, all with ``at`` (seconds, stamped by the coordinator):
     most it needed meanwhile: the scale-down cool-down survives a change of leader.
 ``{"op": "refuse", "id", "model", "base", "code", "reason"}``
     the model cannot be placed (``code`` "" clears it); shown to operators.
-``{"op": "report", "model", "node", "load", "status", "reason"}``
-    a node's outcome, ``status`` one of ``ready``, ``failed``, ``unloaded``.
+``{"op": "report", "model", "node", "load", "status", "reason"[, "footprint_bytes"]}``
+    a node's outcome, ``status`` one of ``ready``, ``failed``, ``unloaded``; a ``ready``
+    one may carry the GPU memory the load took (NVML before and after), which then sizes
+    the model's next placements (``measured``).
 
 ``apply`` answers ``{"ok": True, "changed": bool, ...}`` or ``{"ok": False, "error":
 "invalid" | "stale" | "conflict", "message"}``, and never raises.
@@ -80,6 +82,8 @@ class Replica:
     """Why it was placed, or why it is draining."""
     failed: bool = False
     """Draining because its load never finished: a failure once unloaded."""
+    measured: bool = False
+    """``footprint_bytes`` is what its load took (NVML before and after), not a reservation."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +127,17 @@ def decision_id(model: str, base: int) -> str:
 
 
 def report_command(model: str, node: str, load: str, status: str, at: float,
-                   reason: str = "") -> dict[str, Any]:
-    """What a node's Triton adapter proposes after acting on a replica: ``ready`` (loaded),
-    ``failed`` (with Triton's error as ``reason``) or ``unloaded`` (drained and gone)."""
+                   reason: str = "", footprint_bytes: int = 0) -> dict[str, Any]:
+    """What a node's Triton adapter proposes after acting on a replica: ``ready`` (loaded;
+    with the GPU memory the load took, when NVML measured it), ``failed`` (with Triton's
+    error as ``reason``) or ``unloaded`` (drained and gone)."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
-    return {"op": "report", "model": model, "node": node, "load": load, "status": status,
-            "reason": reason[:MAX_TEXT], "at": at}
+    cmd = {"op": "report", "model": model, "node": node, "load": load, "status": status,
+           "reason": reason[:MAX_TEXT], "at": at}
+    if footprint_bytes > 0:
+        cmd["footprint_bytes"] = footprint_bytes
+    return cmd
 
 
 class PlacementRecord:
@@ -158,6 +166,12 @@ class PlacementRecord:
         """The replicas a node's adapter must enact: load ``loading`` ones, drain and unload
         ``draining`` ones, keep ``ready`` ones loaded."""
         return sorted((r for r in self.replicas() if r.node == node), key=lambda r: r.model)
+
+    def footprint(self, model: str) -> int | None:
+        """The GPU memory a replica of ``model`` takes, as its loads measured it (the largest),
+        or None when no load has been measured."""
+        sizes = [r.footprint_bytes for r in self.get(model).replicas.values() if r.measured]
+        return max(sizes) if sizes else None
 
     def routable(self, model: str) -> list[str]:
         """Nodes whose replica of ``model`` routers may send to: ready, not draining."""
@@ -250,10 +264,17 @@ class PlacementRecord:
             return {"ok": True, "changed": False, "ignored": f"no replica of {model} on {node} "
                                                               f"from {load}"}
         replicas, failures = dict(state.replicas), dict(state.failures)
+        measured = cmd.get("footprint_bytes", 0)
+        if not isinstance(measured, int) or isinstance(measured, bool) or not \
+                0 <= measured <= 1 << 50:
+            raise Invalid("footprint_bytes must be an integer of bytes, 0..2**50")
         if status == "ready":
             if rep.state != LOADING:
                 return {"ok": True, "changed": False}
             replicas[node] = replace(rep, state=READY, since=at)
+            if measured:
+                replicas[node] = replace(replicas[node], footprint_bytes=measured,
+                                         measured=True)
             failures.pop(node, None)  # a good load there ends the back-off
         else:
             del replicas[node]

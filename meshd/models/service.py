@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -119,6 +119,10 @@ class ModelService:
         """Called when this node's ``want`` section should go out now (set by the agent)."""
         self.malformed = 0
         """Other nodes' ``want`` sections dropped as malformed."""
+        self.gpu_used: Callable[[], Awaitable[dict[str, int] | None]] = _no_gpus
+        """NVML's used memory per GPU now (read fresh), or None without GPUs (set by the
+        agent): a load's footprint is the difference it makes."""
+        self._loading = asyncio.Lock()
         self.on_decision: Callable[[str], None] = lambda op: None
         """Called with the op of each decision this node proposed that committed (metrics)."""
         self.on_load: Callable[[float, bool], None] = lambda seconds, ok: None
@@ -157,10 +161,14 @@ class ModelService:
         store = self.control.views["policy"].store
         demand = self.demand()
         now = self.clock()
+        record = self.record()
         out = []
         for d in store.list("ModelPin"):
             name, _, revision = d.document.name.partition(":")
+            footprint = record.footprint(d.document.name)
             out.append(Model(name, revision, Pin.from_spec(d.document.spec),
+                             footprint_bytes=footprint,
+                             footprint_source="unknown" if footprint is None else "measured",
                              demand=demand.get(name, 0.0),
                              requested_at=self.wants.latest(d.document.name, now)))
         return out
@@ -307,21 +315,29 @@ class ModelService:
         self._actions[rep.model] = _Action(rep.load, kind, asyncio.create_task(coro))
 
     async def _load(self, rep: Replica) -> None:
+        """Load, measuring what the load took on the GPUs: loads here run one at a time, so
+        the difference in NVML's used memory before and after is this model's."""
         assert self.runtime is not None
         name = rep.model.partition(":")[0]
-        started = time.monotonic()
-        try:
-            await self.runtime.load_model(name, LOAD_TIMEOUT)
-        except Exception as exc:  # noqa: BLE001 - Triton's reason goes into the record
-            log.warning("model load failed", extra={"event": "model_load_failed",
-                                                    "model": rep.model, "detail": str(exc)})
-            self.on_load(time.monotonic() - started, False)
-            await self._report(rep, "failed", _reason(exc))
-            return
-        self.on_load(time.monotonic() - started, True)
+        async with self._loading:
+            before = await self.gpu_used()
+            started = time.monotonic()
+            try:
+                await self.runtime.load_model(name, LOAD_TIMEOUT)
+            except Exception as exc:  # noqa: BLE001 - Triton's reason goes into the record
+                log.warning("model load failed", extra={"event": "model_load_failed",
+                                                        "model": rep.model, "detail": str(exc)})
+                self.on_load(time.monotonic() - started, False)
+                await self._report(rep, "failed", _reason(exc))
+                return
+            took = time.monotonic() - started
+            after = await self.gpu_used()
+        footprint = footprint_of(before, after)
+        self.on_load(took, True)
         log.info("model loaded", extra={"event": "model_loaded", "model": rep.model,
-                                        "seconds": round(time.monotonic() - started, 3)})
-        await self._report(rep, "ready")
+                                        "seconds": round(took, 3),
+                                        "footprint_bytes": footprint})
+        await self._report(rep, "ready", footprint_bytes=footprint)
 
     async def _unload(self, rep: Replica) -> None:
         assert self.runtime is not None
@@ -346,9 +362,10 @@ class ModelService:
                                           "seconds": round(time.monotonic() - began, 3)})
         await self._report(rep, "unloaded")
 
-    async def _report(self, rep: Replica, status: str, reason: str = "") -> None:
+    async def _report(self, rep: Replica, status: str, reason: str = "",
+                      footprint_bytes: int = 0) -> None:
         cmd = command(report_command(rep.model, self.node, rep.load, status, self.clock(),
-                                     reason))
+                                     reason, footprint_bytes))
         for _ in range(10):  # a leader change: try again (reports are idempotent)
             try:
                 await self.control.write("policy", cmd, WRITE_TIMEOUT,
@@ -365,6 +382,18 @@ class ModelService:
         for act in self._actions.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await act.task
+
+
+async def _no_gpus() -> dict[str, int] | None:
+    return None
+
+
+def footprint_of(before: dict[str, int] | None, after: dict[str, int] | None) -> int:
+    """Bytes a load took: what NVML's used memory grew by over the GPUs read both times
+    (0 when either read is missing)."""
+    if not before or not after:
+        return 0
+    return sum(max(0, used - before[gpu]) for gpu, used in after.items() if gpu in before)
 
 
 def _reason(exc: BaseException) -> str:
