@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from adapters.model import CommStats, GpuState
 from adapters.triton import TritonEndpoint
 from certs.ca import CaError
-from consensus.group import WAN_TIMING, Timing
+from consensus.group import WAN_TIMING, ConsensusError, Timing
 from gossip.config import Config
 from gossip.events import EventKind, MemberEvent
 from gossip.keyring import Keyring
@@ -36,9 +36,9 @@ from gossip.state import MESH_TAG, Addr, NodeMeta
 from gossip.transport import GossipTransport, family_of
 from meshd import collector, tracing
 from meshd.admin import server as admin
-from meshd.admin.authz import Authorizer
+from meshd.admin.authz import Authorizer, Refused
 from meshd.admin.rbac import KeyLoadError, PolicyError
-from meshd.control.plane import RAFT_SECTION, ControlPlane, GroupStore
+from meshd.control.plane import RAFT_SECTION, ControlPlane, Credential, GroupStore
 from meshd.control.quarantine import AutoQuarantine
 from meshd.coordinates import CoordinatePlane
 from meshd.metrics.agent import AgentMetrics
@@ -55,7 +55,7 @@ from meshd.router.counters import RouterCounters, WorkerCounters
 from meshd.router.pool import SHM_DIR, WorkerPool
 from meshd.score import link as score_link
 from meshd.score import service as score_api
-from meshd.score.scorer import Scorer
+from meshd.score.scorer import RepositoryRefused, Scorer
 from meshd.security.plane import EnrollmentRefused, Security, SecurityError
 from meshd.settings import DEFAULT_RAFT_PORT, Settings, parse_hostport
 from meshd.signals import nodestate
@@ -77,6 +77,8 @@ _LEVELS = {EventKind.CONFLICT: logging.WARNING, EventKind.FAILED: logging.WARNIN
 MAX_RETRY_DELAY = 30.0
 STATE_PUBLISH_PERIOD = 1.0
 """How often the agent checks whether its node state (e.g. its coordinate) needs republishing."""
+REPOSITORY_WRITE_TIMEOUT = 8.0
+"""Seconds a repository call through the router may take to write its ModelPin."""
 ADMIN_GRACE = 1.0
 """Seconds admin calls in flight get to finish on shutdown."""
 ROUTER_GRACE = 10.0
@@ -236,6 +238,7 @@ class Agent:
                              rtt_of=self._rtt_of, zone_of=self._zone_of,
                              quota_share=self._quota_share)
         self.scorer.wanted = self.models.want
+        self.scorer.repository = self._repository
         self.models.gpu_used = self._gpu_used
         self.models.changed = lambda: self._publish_now.set()
         self._score: object | None = None
@@ -543,6 +546,33 @@ class Agent:
             self.node_states.event(ev)
         if persist:
             self._save_state()
+
+    async def _repository(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
+                          peer: str) -> str:
+        """Triton's repository control through this node's router (the score API's
+        ``ScaleModel``): the caller's credential is checked as the admin API would check a
+        ``PolicyApply`` (RBAC; refusals counted and audited), then the model's ModelPin is
+        patched for them (:meth:`ModelService.repository_command`)."""
+        authz = self._authorizer
+        if authz is None:
+            raise RepositoryRefused("UNAVAILABLE", "the agent's admin plane is not up yet")
+        credential = Credential("PolicyApply", certificate_pem, bearer)
+        try:
+            principal = authz.forwarded(credential, claimed="", via=self.settings.node,
+                                        peer=peer)
+        except Refused as exc:
+            raise RepositoryRefused(exc.code.name, str(exc)) from None
+        author = f"{principal.label} via router {self.settings.node}"[:256]
+        cmd = {**self.models.repository_command(model, load), "at": time.time(),
+               "author": author}
+        try:
+            result = await self.control.write("policy", cmd, REPOSITORY_WRITE_TIMEOUT, author,
+                                              credential=credential)
+        except ConsensusError as exc:
+            raise RepositoryRefused("UNAVAILABLE", str(exc)) from None
+        if not result.get("ok"):
+            raise RepositoryRefused("INVALID_ARGUMENT", str(result.get("message", result)))
+        return principal.label
 
     async def _gpu_used(self) -> dict[str, int] | None:
         """NVML's used memory per GPU, read now (None without GPU telemetry)."""

@@ -237,8 +237,8 @@ SPECS: Mapping[str, Object] = {
         "gpu_types": Field(ListOf(Text(1, 128)), [], "allowed GPU products; empty = any"),
         "min_free_vram_mb": Field(Integer(ge=0), 0, "free GPU memory a target needs (MiB)"),
         "min_replicas": Field(Integer(ge=0), 0, "replicas to keep loaded"),
-        "max_replicas": Field(Integer(ge=1, nullable=True), None,
-                              "replicas demand may add, at most; null = no cap"),
+        "max_replicas": Field(Integer(ge=0, nullable=True), None,
+                              "replicas at most; null = no cap; 0 = not served"),
     }, cross=_pin_cross),
     "RoutingPolicy": Object({
         "strategy": Field(name_check(), "hybrid", "strategy that ranks targets"),

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from meshd.admin.authz import FORWARDED
 from meshd.dev.triton import TritonServer
 from proto.mesh.v1 import admin_pb2
 from testbed.cluster import TRUST_DOMAIN, Cluster, Node, node_ip
@@ -268,3 +269,90 @@ def _policy_leader(c: Cluster) -> str | None:
             if g.group == "policy" and g.state == "leader" and not g.error:
                 return str(g.node)
     return None
+
+
+def test_triton_s_repository_control_through_the_router_means_at_least_one_or_none(
+        tmp_path: Path, triton_factory: TritonFactory) -> None:
+    """tritonclient's ``load_model``/``unload_model`` against the router (gRPC and HTTP):
+    load returns once a replica is ready in the mesh, unload once none is routable (then
+    drained and unloaded); the pin is written for the caller, so a caller without the
+    PolicyApply role is refused, counted and audited, and nothing moves."""
+    import ssl as ssl_lib
+    import urllib.request as ureq
+
+    import tritonclient.grpc as tc
+    from tritonclient.utils import InferenceServerException
+
+    from certs.spiffe import SpiffeId, any_node_dns
+
+    servers = triton_factory(2, explicit=True, models=[])
+    raft = pick_raft_port([node_ip(i) for i in range(1, 3)])
+    c = Cluster(2, tmp_path / "mesh", node_args=lambda i: [
+        "--gpu", "off", "--model-control", "--model-slots", "1",
+        "--triton", servers[i - 1].meshd_spec,
+        *(["--role", "router", "--subscribe", "*"] if i == 1 else []),
+        *coordinator_args(i, raft, 2)])
+    viewer = tmp_path / "viewer"
+    c.ca.mint(SpiffeId(TRUST_DOMAIN, "user", "vic"), ["viewer"]).save(viewer)
+
+    def client(creds: Path) -> Any:
+        return tc.InferenceServerClient(
+            c.nodes[0].router, ssl=True, root_certificates=str(creds / "bundle.pem"),
+            private_key=str(creds / "key.pem"), certificate_chain=str(creds / "cert.pem"),
+            channel_args=[("grpc.ssl_target_name_override", any_node_dns(TRUST_DOMAIN))])
+
+    try:
+        c.start()
+        c.wait_converged(60)
+        c.wait_for(lambda: _policy_leader(c), 60, "a policy leader")
+        admin, other = client(c.admin_creds), client(viewer)
+        try:
+            other.load_model(MODEL)
+            raise AssertionError("a viewer loaded a model")
+        except InferenceServerException as exc:
+            assert exc.status() == "StatusCode.PERMISSION_DENIED", exc
+            assert "PolicyApply" in str(exc) and "vic" in str(exc), exc
+        time.sleep(1)
+        assert not any(_ready(s) for s in servers)
+
+        started = time.monotonic()
+        admin.load_model(MODEL)  # returns once a replica is ready somewhere
+        assert sum(map(_ready, servers)) == 1, "at least one: exactly the one asked for"
+        assert admin.is_model_ready(MODEL)
+        assert time.monotonic() - started < 30
+        pin = _pin(c, c.nodes[1], MODEL)
+        assert pin["min_replicas"] == 1 and pin["max_replicas"] is None, pin
+
+        # HTTP: unload means none routable at once, then drained and unloaded.
+        ctx = ssl_lib.create_default_context(cafile=str(c.admin_creds / "bundle.pem"))
+        ctx.load_cert_chain(str(c.admin_creds / "cert.pem"), str(c.admin_creds / "key.pem"))
+        ctx.check_hostname = False
+        url = (f"https://{c.nodes[0].ip}:{c.nodes[0].router_http_port}"
+               f"/v2/repository/models/{MODEL}/unload")
+        with ureq.urlopen(ureq.Request(url, data=b"", method="POST"), context=ctx,
+                          timeout=60) as resp:
+            assert resp.status == 200
+        assert not admin.is_model_ready(MODEL)
+        c.wait_for(lambda: not any(_ready(s) for s in servers), 30, "the replica unloaded")
+        assert _pin(c, c.nodes[1], MODEL)["max_replicas"] == 0
+        time.sleep(2)
+        assert not any(_ready(s) for s in servers), "no replica comes back"
+        admin.load_model(MODEL)  # and back: the cap of 0 is lifted
+        assert sum(map(_ready, servers)) == 1
+        admin.close()
+        other.close()
+        refused = _series(c.nodes[0].metrics(), "meshd_security_refusals_total",
+                          channel=FORWARDED, reason="permission_denied")
+        assert refused >= 1, "the viewer's refusal is counted"
+        audit = (c.nodes[0].data_dir / "audit.log").read_text()
+        assert "vic" in audit and "PolicyApply" in audit, audit[-500:]
+    finally:
+        c.close()
+
+
+def _pin(c: Cluster, node: Node, model: str) -> dict[str, Any]:
+    resp = c.client._call(node.admin, "PolicyGet", admin_pb2.PolicyGetRequest(
+        kind="ModelPin", name=model, consistent=True, timeout_seconds=3), 5.0)
+    assert resp.found, model
+    spec: dict[str, Any] = json.loads(resp.document_json)["spec"]
+    return spec

@@ -615,8 +615,8 @@ def test_what_a_router_cannot_do_is_501_saying_why(router: HttpRouter,
                                                    tritons: list[TritonServer]) -> None:
     for method, path, why in (
             ("POST", "/v2/cudasharedmemory/region/r/register", "CUDA shared memory"),
-            ("POST", "/v2/repository/models/add_sub/load", "repository control acts on one"),
-            ("POST", "/v2/repository/models/add_sub/unload", "repository control acts on one"),
+            ("POST", "/v2/repository/models/add_sub/load", "model placement"),
+            ("POST", "/v2/repository/models/add_sub/unload", "model placement"),
             ("GET", "/v2/trace/setting", "trace settings act on one server"),
             ("POST", "/v2/models/add_sub/trace/setting", "trace settings act on one server"),
             ("GET", "/v2/logging", "log settings act on one server")):

@@ -214,4 +214,4 @@ def test_what_acts_on_one_server_is_unimplemented_saying_why(fleet: Any) -> None
         assert _error(lambda: via.get_model_metadata("add_sub", version)) == _error(  # noqa: B023
             lambda: direct.get_model_metadata("add_sub", version))  # noqa: B023
     code, message = _error(lambda: via.load_model("add_sub"))
-    assert code == "StatusCode.UNIMPLEMENTED" and "ModelPin" in message
+    assert code == "StatusCode.UNIMPLEMENTED" and "model placement" in message

@@ -184,9 +184,27 @@ class ModelService:
                     if store.get("ModelPin", k) is not None), None)
         if key is None:
             return False
+        pin = store.get("ModelPin", key)
+        if pin is not None and pin.document.spec.get("max_replicas") == 0:
+            return False  # unloaded on purpose: no replica will come
         self.wants.note(key, self.clock())
         self.changed()
         return True
+
+    def repository_command(self, model: str, load: bool) -> dict[str, Any]:
+        """The ModelPin patch behind Triton's repository control through the router: load =
+        at least one replica (``min_replicas`` raised to 1, a ``max_replicas`` of 0 lifted),
+        unload = none (``min_replicas`` 0, ``max_replicas`` 0: drained and unloaded at once).
+        Stamped with ``at`` and ``author`` by the caller."""
+        stored = self.control.views["policy"].store.get("ModelPin", model)
+        spec = stored.document.spec if stored is not None else {}
+        if load:
+            patch: dict[str, Any] = {"min_replicas": max(1, int(spec.get("min_replicas") or 0))}
+            if spec.get("max_replicas") == 0:
+                patch["max_replicas"] = None  # merge patch: back to no cap
+        else:
+            patch = {"min_replicas": 0, "max_replicas": 0}
+        return {"op": "patch", "kind": "ModelPin", "name": model, "spec": patch}
 
     def learn_wants(self, node: str, sections: dict[str, bytes]) -> None:
         """A member's ``want`` section (node-state reader)."""

@@ -46,7 +46,14 @@ from meshd.router.scoring import Scoring, ScoringUnavailable
 from meshd.router.traces import RequestTrace, RequestTracer
 from meshd.router.upstream import Upstreams
 from meshd.router.validate import InvalidRequest, ModelSchema, SharedMemoryRequest, validate
-from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
+from meshd.score.scorer import (
+    Choice,
+    RepositoryRefused,
+    Scored,
+    ScoreError,
+    ScoreRequest,
+    Status,
+)
 from meshd.score.sequences import sequence_key
 
 log = logging.getLogger("meshd.router")
@@ -63,6 +70,8 @@ WANT_EVERY = 5.0
 """Seconds between reminders to the placement controller while requests wait."""
 MAX_HELD = 256
 """Requests one router process holds for a replica at once; more fail at once."""
+REPOSITORY_WAIT = 120.0
+"""Seconds a repository load (or unload) through the router waits for the mesh to show it."""
 """Seconds a call the router makes for itself (a config, statistics, metadata) may take."""
 FLEET_TTL = 10.0
 """Seconds the fleet's server metadata is reused."""
@@ -720,6 +729,29 @@ class Gateway:
             reason="" if ok else "no routable replica")
             for (m, v), ok in sorted(seen.items()) if ok or not ready]
         return service_pb2.RepositoryIndexResponse(models=index)
+
+    async def repository_control(self, model: str, load: bool, certificate_pem: bytes,
+                                 bearer: str, peer: str, timeout: float | None) -> None:
+        """Triton's ``RepositoryModelLoad``/``Unload`` for the mesh: load means at least one
+        ready replica, unload means none.  The agent writes the model's ModelPin for the
+        caller (checking their credential: RBAC ``PolicyApply``); this returns once the
+        routers see it so (a replica routable, or none), as Triton returns once the model is
+        loaded or unloaded: at most ``REPOSITORY_WAIT`` seconds, or the client's deadline."""
+        if not model:
+            raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, "a model name is required")
+        try:
+            await self.ask(self.scoring.repository(model, load, certificate_pem, bearer, peer))
+        except RepositoryRefused as exc:
+            raise RouterError(getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN),
+                              str(exc)) from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(timeout or REPOSITORY_WAIT, REPOSITORY_WAIT)
+        while bool(await self._endpoints(model, "")) != load:
+            if loop.time() >= deadline:
+                raise RouterError(grpc.StatusCode.DEADLINE_EXCEEDED, (
+                    f"no replica of '{model}' is ready yet" if load else
+                    f"'{model}' is still routable") + f" ('meshctl models get {model}' says why)")
+            await asyncio.sleep(HOLD_POLL)
 
     async def server_ready(self) -> bool:
         """Ready when some model can be routed."""

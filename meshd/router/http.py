@@ -286,8 +286,7 @@ class HttpService:
         if m is not None:
             if m[2] == "index":
                 return await self.repository_index(request)
-            return self._no_server(request, "RepositoryModelLoad" if m[4] == "load"
-                                   else "RepositoryModelUnload", ("POST",))
+            return await self.repository_control(request, m[3], m[4] == "load")
         if path == "/v2/trace/setting":
             return self._no_server(request, "TraceSetting", ("GET", "POST"))
         return error_response(404, "Not Found", plain=True)
@@ -628,6 +627,31 @@ class HttpService:
             return _not_allowed(False)
         stats = await self.gateway.statistics(model, version)
         return _json_body(tensors.message_json(stats, every_message=True))
+
+    async def repository_control(self, request: web.Request, model: str,
+                                 load: bool) -> web.Response:
+        """``POST /v2/repository/models/{name}/load|unload``: at least one ready replica in
+        the mesh, or none (:meth:`Gateway.repository_control`), for the caller's credential;
+        parameters that act on one server's repository (a config, model files) are
+        refused."""
+        if request.method != "POST":
+            return _not_allowed(False)
+        body = await request.read()
+        if body:
+            doc = tensors.load_json(body)
+            params = doc.get("parameters") if isinstance(doc, dict) else None
+            if isinstance(params, dict) and any(k == "config" or k.startswith("file:")
+                                                for k in params):
+                return error_response(501, "a config override or model files act on one "
+                                           "server's repository; through the mesh a model "
+                                           "loads with its own config")
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        pems = PeerCertificate(request).auth_context().get("x509_pem_cert") or [b""]
+        peer = request.remote or ""
+        await self.gateway.repository_control(
+            model, load, pems[0], token.strip() if scheme.lower() == "bearer" else "", peer,
+            None)
+        return _empty(200)
 
     async def repository_index(self, request: web.Request) -> web.Response:
         if request.method != "POST":

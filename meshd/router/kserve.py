@@ -13,7 +13,10 @@ the work: it authenticates the caller, parses what it must, and turns a
   Triton with the extensions the router serves; ``RepositoryIndex`` covers the whole mesh;
   ``ModelMetadata``/``ModelConfig`` are relayed to a ready replica.
 - System shared memory is served by :mod:`meshd.router.shm` (regions on the router's host).
-- Repository control, CUDA shared memory, trace and log settings act on one server; through a
+- ``RepositoryModelLoad`` means "at least one ready replica in the mesh" and
+  ``RepositoryModelUnload`` "none": the model's ModelPin is written for the caller, whose
+  credential the agent checks (meshd/models).
+- CUDA shared memory, trace and log settings act on one server; through a
   router they would act on an arbitrary replica, so they are UNIMPLEMENTED, saying why.
 
 Deadlines propagate (the client's, less the time spent here), and so does the W3C trace
@@ -37,10 +40,6 @@ from meshd.router.traces import RequestTrace
 
 PASS_HEADERS = tracing.HEADERS
 NO_SERVER_METHODS = {
-    "RepositoryModelLoad": "repository control acts on one server; model placement across "
-                           "the mesh is meshd's (ModelPin policies), not a client's call",
-    "RepositoryModelUnload": "repository control acts on one server; model placement across "
-                             "the mesh is meshd's (ModelPin policies), not a client's call",
     "CudaSharedMemoryRegister": "CUDA shared memory lives in one GPU server's device memory; "
                                 "a router cannot read or write it (use system shared memory "
                                 "or send tensors in the request)",
@@ -85,6 +84,10 @@ class KServeService:
             "ModelReady": self._typed(self.model_ready, svc.ModelReadyRequest),
             "ServerMetadata": self._typed(self.server_metadata, svc.ServerMetadataRequest),
             "RepositoryIndex": self._typed(self.repository_index, svc.RepositoryIndexRequest),
+            "RepositoryModelLoad": self._typed(self.repository_load,
+                                               svc.RepositoryModelLoadRequest),
+            "RepositoryModelUnload": self._typed(self.repository_unload,
+                                                 svc.RepositoryModelUnloadRequest),
             "ModelStatistics": self._typed(self.model_statistics, svc.ModelStatisticsRequest),
             "SystemSharedMemoryRegister": self._typed(self.shm_register,
                                                       svc.SystemSharedMemoryRegisterRequest),
@@ -258,6 +261,30 @@ class KServeService:
 
     async def repository_index(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.gateway.repository_index(req.ready)
+
+    async def repository_load(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._repository(req, context, load=True)
+        return service_pb2.RepositoryModelLoadResponse()
+
+    async def repository_unload(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._repository(req, context, load=False)
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    async def _repository(self, req: Any, context: grpc.aio.ServicerContext, *,
+                          load: bool) -> None:
+        """Load: at least one ready replica in the mesh; unload: none (see
+        :meth:`Gateway.repository_control`), for the caller's own credential.  A config
+        override or model files in the request act on one server's repository: refused."""
+        if any(key == "config" or key.startswith("file:") for key in req.parameters):
+            raise RouterError(grpc.StatusCode.UNIMPLEMENTED,
+                              "a config override or model files act on one server's "
+                              "repository; through the mesh a model loads with its own config")
+        md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        scheme, _, token = md.get("authorization", "").partition(" ")
+        await self.gateway.repository_control(
+            req.model_name, load, self.auth.certificate(context) or b"",
+            token.strip() if scheme.lower() == "bearer" else "", str(context.peer()),
+            context.time_remaining())
 
     async def model_statistics(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.gateway.statistics(req.name, req.version)

@@ -31,7 +31,14 @@ import grpc
 from meshd.router.dispatch import Outcome
 from meshd.router.scoring import ScoringUnavailable
 from meshd.score import link as score_link
-from meshd.score.scorer import Choice, Scored, ScoreError, ScoreRequest, Status
+from meshd.score.scorer import (
+    Choice,
+    RepositoryRefused,
+    Scored,
+    ScoreError,
+    ScoreRequest,
+    Status,
+)
 from meshd.score.service import choice_of, scored_of
 from proto.mesh.v1 import score_pb2, score_pb2_grpc
 
@@ -39,6 +46,8 @@ log = logging.getLogger("meshd.router")
 
 CALL_TIMEOUT = 2.0
 """Seconds a score API call may take before the request is answered UNAVAILABLE."""
+REPOSITORY_TIMEOUT = 10.0
+"""Seconds the agent may take to write a repository call's pin (a Raft write, forwarded)."""
 MAX_BATCH = 1024
 """Outcomes written in one frame (the agent takes at most 4096)."""
 WATCH_IDLE = 60.0
@@ -290,6 +299,18 @@ class RemoteScoring:
         except grpc.aio.AioRpcError as exc:
             raise _failure(exc) from None
         return bool(reply.managed)
+
+    async def repository(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
+                         peer: str) -> str:
+        try:
+            reply = await self.stub.ScaleModel(score_pb2.ScaleModelRequest(
+                model=model, load=load, caller_certificate_pem=certificate_pem,
+                caller_bearer=bearer, peer=peer), timeout=REPOSITORY_TIMEOUT)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise _failure(exc) from None
+            raise RepositoryRefused(exc.code().name, exc.details() or exc.code().name) from None
+        return str(reply.author)
 
     async def send_counters(self, msg: score_pb2.RouterCounters) -> None:
         try:

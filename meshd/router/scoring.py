@@ -14,7 +14,14 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from meshd.router.dispatch import Outcome
-from meshd.score.scorer import Choice, Scored, Scorer, ScoreRequest, Status
+from meshd.score.scorer import (
+    Choice,
+    RepositoryRefused,
+    Scored,
+    Scorer,
+    ScoreRequest,
+    Status,
+)
 
 log = logging.getLogger("meshd.router")
 
@@ -46,6 +53,12 @@ class Scoring(Protocol):
     async def want(self, model: str, version: str) -> bool:
         """A request for ``model`` found no ready replica: tell the placement controller;
         True when meshd places the model (a replica may come: hold the request)."""
+
+    async def repository(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
+                         peer: str) -> str:
+        """Repository control through the router: at least one replica of ``model``
+        (``load``) or none, for the caller with that credential; who it was written for, or
+        :class:`~meshd.score.scorer.RepositoryRefused` (the agent's refusal)."""
 
     async def close(self) -> None: ...
 
@@ -89,6 +102,14 @@ class LocalScoring:
 
     async def want(self, model: str, version: str) -> bool:
         return self.scorer.wanted(model, version)
+
+    async def repository(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
+                         peer: str) -> str:
+        if self.scorer.repository is None:
+            raise RepositoryRefused("UNIMPLEMENTED",
+                                    "repository control through the mesh is model placement "
+                                    "(meshd/models), which this agent does not serve")
+        return await self.scorer.repository(model, load, certificate_pem, bearer, peer)
 
     async def close(self) -> None:
         pass

@@ -30,10 +30,10 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import Any, Protocol
 
 from adapters.model import work_units
 from meshd.score.admission import ADMIT, ModelGate, TenantGate, Verdict, priority_share
@@ -62,6 +62,24 @@ MAX_LATENCY_SERIES = 4096
 """Model (and target) pairs whose latency is kept; more are not counted (a bound on labels)."""
 
 MAX_TEXT = 256
+
+
+class RepositoryRefused(Exception):
+    """A repository call (load or unload through the router) refused: ``code`` is the gRPC
+    status name to answer with, the message says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Repository(Protocol):
+    def __call__(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
+                 peer: str) -> Awaitable[str]:
+        """Make ``model`` have at least one replica (``load``) or none, on behalf of the
+        caller who presented ``certificate_pem`` or ``bearer``; returns who the write was
+        made for, or raises :class:`RepositoryRefused`."""
+        ...
 
 
 class ScoreError(ValueError):
@@ -287,6 +305,9 @@ class Scorer:
         self.wanted: Callable[[str, str], bool] = lambda model, version: False
         """Told of a request for a model with no ready replica (scale from zero, set by the
         agent: meshd.models); True when meshd places the model, so a replica may come."""
+        self.repository: Repository | None = None
+        """Triton's repository control through the router (set by the agent: meshd.models
+        places the replicas, the admin plane checks the caller)."""
         self.table = TargetTable(fused, self.config, rtt_of=rtt_of, zone_of=zone_of,
                                  pin_of=self._pin_of, placement_of=self._placement_of,
                                  policy_version=policy_version,

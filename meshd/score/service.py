@@ -19,7 +19,15 @@ import grpc
 
 from certs import tls
 from meshd.score.admission import Verdict
-from meshd.score.scorer import Choice, Scored, ScoreError, Scorer, ScoreRequest, Status
+from meshd.score.scorer import (
+    Choice,
+    RepositoryRefused,
+    Scored,
+    ScoreError,
+    Scorer,
+    ScoreRequest,
+    Status,
+)
 from meshd.settings import is_loopback
 from proto.mesh.v1 import score_pb2, score_pb2_grpc
 
@@ -243,6 +251,25 @@ class ScoreService(score_pb2_grpc.ScoreServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "model: 1..256 characters; version: at most 64")
         return score_pb2.WantReply(managed=self.scorer.wanted(request.model, request.version))
+
+    async def ScaleModel(self, request: score_pb2.ScaleModelRequest,
+                         context: grpc.aio.ServicerContext) -> score_pb2.ScaleModelReply:
+        repository = self.scorer.repository
+        if repository is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                "repository control through the mesh is model placement "
+                                "(meshd/models), which this agent does not serve")
+            raise AssertionError("unreachable")
+        if not 0 < len(request.model) <= 256:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model: 1..256 characters")
+        try:
+            author = await repository(request.model, request.load,
+                                      bytes(request.caller_certificate_pem),
+                                      request.caller_bearer, request.peer[:256])
+        except RepositoryRefused as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN),
+                                str(exc))
+        return score_pb2.ScaleModelReply(author=author)
 
     async def ReportRouterCounters(self, request: score_pb2.RouterCounters,
                                    context: grpc.aio.ServicerContext

@@ -79,6 +79,11 @@ class ScoreStub:
                 request_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.WantRequest.SerializeToString,
                 response_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.WantReply.FromString,
                 _registered_method=True)
+        self.ScaleModel = channel.unary_unary(
+                '/mesh.v1.Score/ScaleModel',
+                request_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.ScaleModelRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.ScaleModelReply.FromString,
+                _registered_method=True)
 
 
 class ScoreServicer:
@@ -154,6 +159,15 @@ class ScoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScaleModel(self, request, context):
+        """Triton's repository control through the router: load = at least one ready replica (the
+        model's ModelPin raised to one), unload = none (its max_replicas set to 0), written on
+        behalf of the router's caller, whose credential the agent checks (RBAC: PolicyApply).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ScoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +215,11 @@ def add_ScoreServicer_to_server(servicer, server):
                     servicer.WantModel,
                     request_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.WantRequest.FromString,
                     response_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.WantReply.SerializeToString,
+            ),
+            'ScaleModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleModel,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_score__pb2.ScaleModelRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_score__pb2.ScaleModelReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -446,6 +465,33 @@ class Score:
             '/mesh.v1.Score/WantModel',
             proto_dot_mesh_dot_v1_dot_score__pb2.WantRequest.SerializeToString,
             proto_dot_mesh_dot_v1_dot_score__pb2.WantReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Score/ScaleModel',
+            proto_dot_mesh_dot_v1_dot_score__pb2.ScaleModelRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_score__pb2.ScaleModelReply.FromString,
             options,
             channel_credentials,
             insecure,
