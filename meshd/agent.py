@@ -417,7 +417,8 @@ class Agent:
             self._admin = await admin.serve(swim, loop.time, admin_host, admin_port,
                                             coordinates=self.coordinates, security=sec,
                                             authorizer=authorizer, control=self.control,
-                                            signals=self.signals, train=self.train)
+                                            signals=self.signals, train=self.train,
+                                            models=self.models)
             if metrics_addr:
                 self.metrics.serve(*metrics_addr)
             score_addr = s.score_addr()

@@ -1,5 +1,7 @@
 """Test-only: ``python -m tests.fake_gpu_agent ARGS`` runs ``meshd.cli`` with ARGS, its NVML
-answered by :class:`tests.fake_nvml.FakeNvml` with ``MESHD_TEST_GPUS`` GPUs (default 2).
+answered by :class:`tests.fake_nvml.FakeNvml` with ``MESHD_TEST_GPUS`` GPUs (default 2), each
+with ``MESHD_TEST_GPU_TOTAL_MB`` MiB of memory of which ``MESHD_TEST_GPU_FREE_MB`` are free
+(unset: :class:`tests.fake_nvml.FakeGpu`'s defaults, 80 GiB and 60 GiB).
 
 Everything else is the real agent; the GPU adapter imports ``pynvml`` by name, so the fake is
 put in ``sys.modules`` before the agent starts.  Used where a multi-process test needs GPU
@@ -17,7 +19,13 @@ def main() -> int:
     count = int(os.environ.get("MESHD_TEST_GPUS", "2"))
     args = sys.argv[1:]
     node = args[args.index("--node") + 1] if "--node" in args else "node"
-    gpus = [FakeGpu(uuid=f"GPU-{node}-{i:04d}", temperature=50 + i, gpu_util=30 + 10 * i)
+    memory: dict[str, int] = {}
+    for field, var in (("memory_total", "MESHD_TEST_GPU_TOTAL_MB"),
+                       ("memory_free", "MESHD_TEST_GPU_FREE_MB")):
+        if os.environ.get(var):
+            memory[field] = int(os.environ[var]) << 20
+    gpus = [FakeGpu(uuid=f"GPU-{node}-{i:04d}", temperature=50 + i, gpu_util=30 + 10 * i,
+                    **memory)
             for i in range(count)]
     sys.modules["pynvml"] = FakeNvml(gpus)
     from meshd.cli import main as agent  # noqa: PLC0415 - after the fake is in place

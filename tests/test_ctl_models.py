@@ -99,7 +99,8 @@ def rows(out: str) -> dict[str, dict[str, str]]:
     """``models list``'s table by model (WHY, the last column, may hold spaces)."""
     lines = out.splitlines()
     head = lines[0].split()
-    assert head == ["MODEL", "PIN", "PLACED", "READY", "LOADING", "DRAINING", "WHY"], lines
+    assert head == ["MODEL", "PIN", "DESIRED", "PLACED", "READY", "LOADING", "DRAINING",
+                    "WHY"], lines
     return {r[0]: dict(zip(head, r, strict=True))
             for r in (line.split(None, len(head) - 1) for line in lines[1:])}
 
@@ -190,8 +191,9 @@ def test_list_and_get_show_a_pin_without_replicas(
     assert meshctl(mesh, capsys, "models", "pin", "bert", "--min", "0", "--max", "3",
                    "--zones", "eu-1")[0] == 0
     row = listed(mesh, capsys)["bert"]
-    assert row == {"MODEL": "bert", "PIN": "0..3", "PLACED": "0", "READY": "0",
-                   "LOADING": "0", "DRAINING": "0", "WHY": "-"}, row
+    assert row == {"MODEL": "bert", "PIN": "0..3", "DESIRED": "0", "PLACED": "0",
+                   "READY": "0", "LOADING": "0", "DRAINING": "0",
+                   "WHY": "no demand and no min_replicas"}, row
     rc, out, err = meshctl(mesh, capsys, "models")  # list is the default
     assert rc == 0 and rows(out)["bert"] == row, (out, err)
 
@@ -200,6 +202,7 @@ def test_list_and_get_show_a_pin_without_replicas(
     assert "Pin:        min 0, max 3; nodes any; zones eu-1; GPU types any; " \
            "min free VRAM any (ModelPin version " in out, out
     assert "Refused:    no" in out and "Failures:   none" in out, out
+    assert "Desired:    0 (no demand and no min_replicas; demand 0.00 s of work/s)" in out, out
     assert "NODE" not in out, out  # no replica table
 
     rc, out, err = meshctl(mesh, capsys, "models", "list", "--format", "json")
@@ -246,9 +249,9 @@ def test_a_pin_to_a_node_that_does_not_exist_is_refused_with_the_reason(
         mesh: Mesh, capsys: pytest.CaptureFixture[str]) -> None:
     assert meshctl(mesh, capsys, "models", "pin", "delay", "--nodes", "nowhere",
                    "--min", "1")[0] == 0
-    row = row_when(mesh, capsys, "delay", "WHY", lambda v: v != "-")
-    assert row["PLACED"] == "0" and row["READY"] == "0", row
-    assert row["WHY"].startswith("no_node: ") and "nowhere" in row["WHY"], row
+    row = row_when(mesh, capsys, "delay", "WHY", lambda v: "no_node: " in v)
+    assert row["PLACED"] == "0" and row["READY"] == "0" and row["DESIRED"] == "1", row
+    assert row["WHY"].startswith("min_replicas 1; refused: ") and "nowhere" in row["WHY"], row
     rc, out, err = meshctl(mesh, capsys, "models", "get", "delay")
     assert rc == 0, err
     assert "Refused:    yes, no_node: " in out and "nowhere" in out, out

@@ -219,8 +219,56 @@ TRAINING = dashboard("meshd-training", "meshd / training", [
           (rate("meshd_train_collective_bytes_total", "node, op"), "{{op}} {{node}}")),
 ], [NODE_VAR])
 
+# Model placement (docs/models.md): every node follows the policy group and exports the same
+# per-model figures, so the record's panels take one view, max by (model), never a sum over
+# nodes ($node picks whose view).  Decisions and loads are counted once, where they happened.
+PLACED = 'node=~"$node", model=~"$model"'
+
+
+def table(title: str, expr: str, description: str = "") -> dict[str, Any]:
+    """An instant query shown as rows of labels (the value and time columns hidden)."""
+    p = panel(title, "short", (expr, ""), kind="table", description=description)
+    p["targets"][0].update({"instant": True, "range": False, "format": "table"})
+    p["transformations"] = [{"id": "organize",
+                             "options": {"excludeByName": {"Time": True, "Value": True}}}]
+    return p
+
+
+MODELS = dashboard("meshd-models", "meshd / models", [
+    panel("Desired vs ready replicas by model", "short",
+          (f"max by (model) (meshd_models_desired_replicas{{{PLACED}}})", "desired {{model}}"),
+          (f'max by (model) (meshd_models_replicas{{state="ready", {PLACED}}})',
+           "ready {{model}}"),
+          description="Desired: pins and demand, as the controller plans it. Ready: replicas "
+                      "the placement record holds as ready."),
+    panel("Replicas by state", "short",
+          (f"sum by (state) (max by (model, state) (meshd_models_replicas{{{PLACED}}}))",
+           "{{state}} (all models)"),
+          (f"max by (model, state) (meshd_models_replicas{{{PLACED}}})",
+           "{{model}} {{state}}")),
+    panel("Utilisation by model (demand per ready replica)", "percentunit",
+          (f"max by (model) (meshd_models_utilisation{{{PLACED}}})", "{{model}}"),
+          description="What autoscalers scale on; the controller adds replicas above its target "
+                      "utilisation (--model-target-utilisation, 0.7 by default)."),
+    panel("Demand by model (seconds of work per second)", "short",
+          (f"max by (model) (meshd_models_demand{{{PLACED}}})", "{{model}}")),
+    table("Models refused, by reason code",
+          f"max by (model, code) (meshd_models_refused{{{PLACED}}})",
+          description="Models the planner cannot place now, with the reason code "
+                      "(meshctl models get MODEL explains it). Empty when every model is placed."),
+    panel("Placement decisions by op", "ops",
+          (rate("meshd_models_decisions_total", "op"), "{{op}}"),
+          description="Counted once, on the node that proposed and committed them (the policy "
+                      "leader), so summed over nodes."),
+    panel("Replica load time p50 / p99 by outcome", "s",
+          (p99("meshd_models_load_seconds", "outcome", NODE, "0.5"), "p50 {{outcome}}"),
+          (p99("meshd_models_load_seconds", "outcome", NODE), "p99 {{outcome}}")),
+    panel("Replica loads by outcome", "ops",
+          (rate("meshd_models_load_seconds_count", "outcome"), "{{outcome}}")),
+], [NODE_VAR, variable("model", "label_values(meshd_models_desired_replicas, model)")])
+
 DASHBOARDS = {"mesh": MESH, "inference": INFERENCE, "gpus": GPUS, "raft": RAFT,
-              "training": TRAINING}
+              "training": TRAINING, "models": MODELS}
 
 
 def render(board: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from meshd.admin.rbac import AuditLog, JwtVerifier, Policy
 from meshd.admin.state import StatePlaneService
 from meshd.control.plane import ControlPlane
 from meshd.coordinates import CoordinatePlane
+from meshd.models.service import ModelService
 from meshd.security.front import PeerTable, front_grpc, recorder, server_context
 from meshd.security.plane import Security, SecurityError, key_fingerprint
 from meshd.signals.plane import SignalPlane
@@ -55,7 +56,8 @@ def estimate_pb(est: Estimate) -> admin_pb2.RttEstimate:
 
 
 READ_ONLY = ("Members", "Rtt", "Whoami", "KeysList", "PolicyGet", "PolicyList", "RaftStatus",
-             "SubscribeEvents", "State", "GetJob", "ListJobs", "JobLogs", "LogLevels")
+             "SubscribeEvents", "State", "GetJob", "ListJobs", "JobLogs", "LogLevels",
+             "ModelsStatus")
 STATE_REPORTS = ("ReportModelState", "ReportGpuState", "ReportCommStats")
 """StatePlane feeds: runtimes' exporters run as operators or with a node certificate."""
 OPERATIONAL: tuple[str, ...] = ("Cordon", "Uncordon", "Drain", "Quarantine", "PolicyApply",
@@ -75,13 +77,29 @@ def default_policy() -> Policy:
 class AdminService(PolicyAdmin, JobsAdmin, admin_pb2_grpc.AdminServicer):
     def __init__(self, swim: Swim, clock: object, coordinates: CoordinatePlane,
                  security: Security, control: ControlPlane,
-                 train: TrainService | None = None) -> None:
+                 train: TrainService | None = None, models: ModelService | None = None) -> None:
         self.control = control
         self.train = train
+        self.models = models
         self.swim = swim
         self.clock = clock  # callable returning the core's "now"
         self.coordinates = coordinates
         self.security = security
+
+    async def ModelsStatus(self, request: admin_pb2.ModelsStatusRequest,  # noqa: N802
+                           context: grpc.aio.ServicerContext
+                           ) -> admin_pb2.ModelsStatusResponse:
+        if self.models is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                "this node runs no placement controller")
+            raise AssertionError("unreachable")
+        plan = self.models.current_plan()
+        demand = self.models.demand()
+        return admin_pb2.ModelsStatusResponse(models=[
+            admin_pb2.ModelStatus(model=key, desired=mp.desired, placed=mp.placed,
+                                  ready=mp.ready, why=mp.why, refused=mp.refused,
+                                  demand=demand.get(key.partition(":")[0], 0.0))
+            for key, mp in sorted(plan.models.items())])
 
     async def Members(self, request: admin_pb2.MembersRequest,  # noqa: N802 - gRPC name
                       context: grpc.aio.ServicerContext) -> admin_pb2.MembersResponse:
@@ -290,7 +308,8 @@ async def serve(swim: Swim, clock: object, host: str, port: int, *,
                 coordinates: CoordinatePlane, security: Security,
                 authorizer: Authorizer, control: ControlPlane,
                 signals: SignalPlane | None = None,
-                train: TrainService | None = None, tls_front: bool = True) -> grpc.aio.Server:
+                train: TrainService | None = None, models: ModelService | None = None,
+                tls_front: bool = True) -> grpc.aio.Server:
     """The started admin server on ``host:port``.  ``tls_front`` (the default) terminates TLS
     in a :class:`~meshd.security.front.TlsFront`; without it gRPC does (and a refused
     handshake is seen nowhere but gRPC's log)."""
@@ -299,7 +318,7 @@ async def serve(swim: Swim, clock: object, host: str, port: int, *,
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
                              interceptors=[AuthzInterceptor(authorizer)])
     admin_pb2_grpc.add_AdminServicer_to_server(
-        AdminService(swim, clock, coordinates, security, control, train), server)
+        AdminService(swim, clock, coordinates, security, control, train, models), server)
     admin_pb2_grpc.add_ConsensusServicer_to_server(ConsensusService(control), server)
     if signals is not None:
         state_pb2_grpc.add_StatePlaneServicer_to_server(StatePlaneService(signals), server)

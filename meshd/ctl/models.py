@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+import grpc
+
 from meshd.ctl.text import _age
 from proto.mesh.v1 import admin_pb2, admin_pb2_grpc
 
@@ -127,6 +129,13 @@ def list_models(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int
         elif doc.get("kind") == PLACEMENT:
             placements[doc["name"]] = doc
     models = [summary(m, pins.get(m), placements.get(m)) for m in sorted({*pins, *placements})]
+    planned = _planned(stub, args)
+    for m in models:
+        status = planned.get(m["model"])
+        m["desired"] = status.desired if status is not None else None
+        m["demand"] = status.demand if status is not None else None
+        if status is not None and status.why:
+            m["why"] = status.why if not m["why"] else f"{status.why}; {m['why']}"
     if args.format == "json":
         print(json.dumps(models, indent=2))
         return 0
@@ -134,11 +143,26 @@ def list_models(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int
         print("no models: none is pinned or placed (meshctl models pin MODEL --min N)")
         return 0
     rows: list[tuple[str, ...]] = [
-        ("MODEL", "PIN", "PLACED", "READY", "LOADING", "DRAINING", "WHY")]
-    rows += [(m["model"], _pin_range(m["pin"]), str(m["placed"]), str(m["ready"]),
-              str(m["loading"]), str(m["draining"]), m["why"] or "-") for m in models]
+        ("MODEL", "PIN", "DESIRED", "PLACED", "READY", "LOADING", "DRAINING", "WHY")]
+    rows += [(m["model"], _pin_range(m["pin"]),
+              "?" if m["desired"] is None else str(m["desired"]), str(m["placed"]),
+              str(m["ready"]), str(m["loading"]), str(m["draining"]), m["why"] or "-")
+             for m in models]
     print(_table(rows))
     return 0
+
+
+def _planned(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace
+             ) -> dict[str, admin_pb2.ModelStatus]:
+    """What the node's placement controller would plan now, by model ({} from an agent
+    that predates ``ModelsStatus``: the table then shows ``?`` as desired)."""
+    try:
+        resp = stub.ModelsStatus(admin_pb2.ModelsStatusRequest(), timeout=args.timeout)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+            return {}
+        raise
+    return {m.model: m for m in resp.models}
 
 
 def _get(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace, kind: str,
@@ -157,6 +181,10 @@ def get_model(stub: admin_pb2_grpc.AdminStub, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     m = summary(args.model, pin, placement)
+    status = _planned(stub, args).get(args.model)
+    m["desired"] = status.desired if status is not None else None
+    m["demand"] = status.demand if status is not None else None
+    m["plan"] = status.why if status is not None else ""
     if args.format == "json":
         print(json.dumps(m, indent=2))
         return 0
@@ -168,6 +196,9 @@ def format_model(m: dict[str, Any], now: float) -> str:
     """What ``models get`` prints: the pin, the replicas, failures, cool-down and refusal."""
     spec = m["placement"] or {}
     lines = [f"Model:      {m['model']}"]
+    if m.get("desired") is not None:
+        lines.append(f"Desired:    {m['desired']} ({m.get('plan') or 'no reason given'}; "
+                     f"demand {m.get('demand') or 0:.2f} s of work/s)")
     if m["pin"] is None:
         lines.append("Pin:        none (its replicas are removed once the cool-down has "
                      "passed)")

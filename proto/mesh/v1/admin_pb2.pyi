@@ -6,6 +6,34 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ModelsStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelStatus(_message.Message):
+    __slots__ = ("model", "desired", "placed", "ready", "why", "refused", "demand")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    desired: int
+    placed: int
+    ready: int
+    why: str
+    refused: str
+    demand: float
+    def __init__(self, model: _Optional[str] = ..., desired: _Optional[int] = ..., placed: _Optional[int] = ..., ready: _Optional[int] = ..., why: _Optional[str] = ..., refused: _Optional[str] = ..., demand: _Optional[float] = ...) -> None: ...
+
+class ModelsStatusResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelStatus]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ...) -> None: ...
+
 class LogLevelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -155,6 +155,11 @@ class AdminStub:
                 request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.SetLogLevelRequest.SerializeToString,
                 response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsResponse.FromString,
                 _registered_method=True)
+        self.ModelsStatus = channel.unary_unary(
+                '/mesh.v1.Admin/ModelsStatus',
+                request_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ModelsStatusRequest.SerializeToString,
+                response_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ModelsStatusResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -334,6 +339,15 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelsStatus(self, request, context):
+        """ModelsStatus: every pinned or placed model as the answering node's placement controller
+        would plan it now (its copy of the policy group, its view of the fleet): desired,
+        placed and ready replicas, demand, and why (meshctl models).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -456,6 +470,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SetLogLevel,
                     request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.SetLogLevelRequest.FromString,
                     response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsResponse.SerializeToString,
+            ),
+            'ModelsStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelsStatus,
+                    request_deserializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ModelsStatusRequest.FromString,
+                    response_serializer=proto_dot_mesh_dot_v1_dot_admin__pb2.ModelsStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1107,6 +1126,33 @@ class Admin:
             '/mesh.v1.Admin/SetLogLevel',
             proto_dot_mesh_dot_v1_dot_admin__pb2.SetLogLevelRequest.SerializeToString,
             proto_dot_mesh_dot_v1_dot_admin__pb2.LogLevelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelsStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mesh.v1.Admin/ModelsStatus',
+            proto_dot_mesh_dot_v1_dot_admin__pb2.ModelsStatusRequest.SerializeToString,
+            proto_dot_mesh_dot_v1_dot_admin__pb2.ModelsStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
