@@ -229,10 +229,11 @@ class TritonAdapter:
 
     # --- the repository (servers in --model-control-mode=explicit) ---------------------
 
-    async def load_model(self, model: str, timeout: float) -> None:
-        """Load ``model`` (every version its config serves); raises with Triton's reason.
-        The replica shows up ready at the next poll, which this asks for at once."""
-        await self._client.load_model(model, client_timeout=timeout)
+    async def load_model(self, model: str, timeout: float, config: str = "") -> None:
+        """Load ``model`` (every version its config serves), with ``config`` (JSON) in place
+        of the repository's when given (on a loaded model: reloaded with it); raises with
+        Triton's reason.  The replica shows up ready at the next poll, asked for at once."""
+        await self._client.load_model(model, config=config or None, client_timeout=timeout)
         self._rediscover.set()
 
     async def unload_model(self, model: str, timeout: float) -> None:

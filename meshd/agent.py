@@ -549,7 +549,7 @@ class Agent:
             self._save_state()
 
     async def _repository(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
-                          peer: str) -> str:
+                          peer: str, config: str = "") -> str:
         """Triton's repository control through this node's router (the score API's
         ``ScaleModel``): the caller's credential is checked as the admin API would check a
         ``PolicyApply`` (RBAC; refusals counted and audited), then the model's ModelPin is
@@ -564,7 +564,7 @@ class Agent:
         except Refused as exc:
             raise RepositoryRefused(exc.code.name, str(exc)) from None
         author = f"{principal.label} via router {self.settings.node}"[:256]
-        cmd = {**self.models.repository_command(model, load), "at": time.time(),
+        cmd = {**self.models.repository_command(model, load, config), "at": time.time(),
                "author": author}
         try:
             result = await self.control.write("policy", cmd, REPOSITORY_WRITE_TIMEOUT, author,

@@ -239,6 +239,8 @@ SPECS: Mapping[str, Object] = {
         "min_replicas": Field(Integer(ge=0), 0, "replicas to keep loaded"),
         "max_replicas": Field(Integer(ge=0, nullable=True), None,
                               "replicas at most; null = no cap; 0 = not served"),
+        "config": Field(Text(0, 65536), "",
+                        "Triton model config (JSON) every replica loads with; '' = its own"),
     }, cross=_pin_cross),
     "RoutingPolicy": Object({
         "strategy": Field(name_check(), "hybrid", "strategy that ranks targets"),

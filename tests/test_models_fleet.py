@@ -323,6 +323,22 @@ def test_triton_s_repository_control_through_the_router_means_at_least_one_or_no
         pin = _pin(c, c.nodes[1], MODEL)
         assert pin["min_replicas"] == 1 and pin["max_replicas"] is None, pin
 
+        # Load with a config override: the pin carries it, the loaded replica reloads with it.
+        (server,) = [s for s in servers if _ready(s)]
+        direct = tc.InferenceServerClient(server.grpc_url)
+        config = direct.get_model_config(MODEL, as_json=True)["config"]
+        assert sum(g.get("count", 1) for g in config.get("instance_group", [])) != 2
+        config["instance_group"] = [{"count": 2, "kind": "KIND_CPU"}]
+        admin.load_model(MODEL, config=json.dumps(config))
+        assert json.loads(_pin(c, c.nodes[1], MODEL)["config"])["instance_group"][0][
+            "count"] == 2
+
+        def instances() -> int:
+            cfg = direct.get_model_config(MODEL, as_json=True)["config"]
+            return sum(int(g.get("count", 1)) for g in cfg.get("instance_group", []))
+        c.wait_for(lambda: instances() == 2, 30, "the replica reloaded with the override")
+        direct.close()
+
         # HTTP: unload means none routable at once, then drained and unloaded.
         ctx = ssl_lib.create_default_context(cafile=str(c.admin_creds / "bundle.pem"))
         ctx.load_cert_chain(str(c.admin_creds / "cert.pem"), str(c.admin_creds / "key.pem"))

@@ -75,7 +75,7 @@ mode starts with nothing loaded) before the node loads it again."""
 class Runtime(Protocol):
     """What the enactor needs of a node's Triton (:class:`adapters.triton.TritonAdapter`)."""
 
-    async def load_model(self, model: str, timeout: float) -> None: ...
+    async def load_model(self, model: str, timeout: float, config: str = "") -> None: ...
 
     async def unload_model(self, model: str, timeout: float) -> None: ...
 
@@ -123,6 +123,8 @@ class ModelService:
         """NVML's used memory per GPU now (read fresh), or None without GPUs (set by the
         agent): a load's footprint is the difference it makes."""
         self._loading = asyncio.Lock()
+        self._configs: dict[str, str] = {}
+        """The config each model's replica here loaded with (its pin's, at the time)."""
         self.on_decision: Callable[[str], None] = lambda op: None
         """Called with the op of each decision this node proposed that committed (metrics)."""
         self.on_load: Callable[[float, bool], None] = lambda seconds, ok: None
@@ -191,9 +193,10 @@ class ModelService:
         self.changed()
         return True
 
-    def repository_command(self, model: str, load: bool) -> dict[str, Any]:
+    def repository_command(self, model: str, load: bool, config: str = "") -> dict[str, Any]:
         """The ModelPin patch behind Triton's repository control through the router: load =
-        at least one replica (``min_replicas`` raised to 1, a ``max_replicas`` of 0 lifted),
+        at least one replica (``min_replicas`` raised to 1, a ``max_replicas`` of 0 lifted;
+        ``config``, when given, what every replica loads with, the loaded ones reloaded),
         unload = none (``min_replicas`` 0, ``max_replicas`` 0: drained and unloaded at once).
         Stamped with ``at`` and ``author`` by the caller."""
         stored = self.control.views["policy"].store.get("ModelPin", model)
@@ -202,6 +205,8 @@ class ModelService:
             patch: dict[str, Any] = {"min_replicas": max(1, int(spec.get("min_replicas") or 0))}
             if spec.get("max_replicas") == 0:
                 patch["max_replicas"] = None  # merge patch: back to no cap
+            if config:
+                patch["config"] = config
         else:
             patch = {"min_replicas": 0, "max_replicas": 0}
         return {"op": "patch", "kind": "ModelPin", "name": model, "spec": patch}
@@ -308,8 +313,15 @@ class ModelService:
 
     def _check_present(self, rep: Replica) -> None:
         """Load a ready replica again once its Triton has answered without it for
-        ``LOST_AFTER`` (the record still counts it; routers already skip it)."""
+        ``LOST_AFTER`` (the record still counts it; routers already skip it), or at once
+        with its pin's new config when that changed since it loaded."""
         assert self.runtime is not None
+        config = self.config_of(rep.model)
+        if self._configs.get(rep.model, config) != config:
+            log.info("the model's config changed; reloading it", extra={
+                "event": "model_reload", "model": rep.model})
+            self._start(rep, "reload", self._reload(rep))
+            return
         if self.runtime.present(rep.model.partition(":")[0]) is not False:
             self._missing.pop(rep.model, None)
             return
@@ -323,8 +335,12 @@ class ModelService:
 
     async def _reload(self, rep: Replica) -> None:
         assert self.runtime is not None
+        config = self.config_of(rep.model)
         try:
-            await self.runtime.load_model(rep.model.partition(":")[0], LOAD_TIMEOUT)
+            async with self._loading:
+                await self.runtime.load_model(rep.model.partition(":")[0], LOAD_TIMEOUT,
+                                              config)
+            self._configs[rep.model] = config
         except Exception as exc:  # noqa: BLE001 - the record keeps it; the next check retries
             log.warning("model reload failed", extra={"event": "model_load_failed",
                                                       "model": rep.model, "detail": str(exc)})
@@ -332,16 +348,23 @@ class ModelService:
     def _start(self, rep: Replica, kind: str, coro: Any) -> None:
         self._actions[rep.model] = _Action(rep.load, kind, asyncio.create_task(coro))
 
+    def config_of(self, model: str) -> str:
+        """The Triton config the model's pin says its replicas load with ("" = their own)."""
+        stored = self.control.views["policy"].store.get("ModelPin", model)
+        return str(stored.document.spec.get("config") or "") if stored is not None else ""
+
     async def _load(self, rep: Replica) -> None:
         """Load, measuring what the load took on the GPUs: loads here run one at a time, so
         the difference in NVML's used memory before and after is this model's."""
         assert self.runtime is not None
         name = rep.model.partition(":")[0]
+        config = self.config_of(rep.model)
         async with self._loading:
             before = await self.gpu_used()
             started = time.monotonic()
             try:
-                await self.runtime.load_model(name, LOAD_TIMEOUT)
+                await self.runtime.load_model(name, LOAD_TIMEOUT, config)
+                self._configs[rep.model] = config
             except Exception as exc:  # noqa: BLE001 - Triton's reason goes into the record
                 log.warning("model load failed", extra={"event": "model_load_failed",
                                                         "model": rep.model, "detail": str(exc)})

@@ -731,16 +731,20 @@ class Gateway:
         return service_pb2.RepositoryIndexResponse(models=index)
 
     async def repository_control(self, model: str, load: bool, certificate_pem: bytes,
-                                 bearer: str, peer: str, timeout: float | None) -> None:
+                                 bearer: str, peer: str, timeout: float | None,
+                                 config: str = "") -> None:
         """Triton's ``RepositoryModelLoad``/``Unload`` for the mesh: load means at least one
         ready replica, unload means none.  The agent writes the model's ModelPin for the
         caller (checking their credential: RBAC ``PolicyApply``); this returns once the
         routers see it so (a replica routable, or none), as Triton returns once the model is
-        loaded or unloaded: at most ``REPOSITORY_WAIT`` seconds, or the client's deadline."""
+        loaded or unloaded: at most ``REPOSITORY_WAIT`` seconds, or the client's deadline.
+        ``config`` (load only): the Triton config (JSON) every replica loads with, those
+        loaded already reloaded with it."""
         if not model:
             raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, "a model name is required")
         try:
-            await self.ask(self.scoring.repository(model, load, certificate_pem, bearer, peer))
+            await self.ask(self.scoring.repository(model, load, certificate_pem, bearer, peer,
+                                                   config))
         except RepositoryRefused as exc:
             raise RouterError(getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN),
                               str(exc)) from None

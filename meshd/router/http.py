@@ -637,20 +637,25 @@ class HttpService:
         if request.method != "POST":
             return _not_allowed(False)
         body = await request.read()
+        config = ""
         if body:
             doc = tensors.load_json(body)
             params = doc.get("parameters") if isinstance(doc, dict) else None
-            if isinstance(params, dict) and any(k == "config" or k.startswith("file:")
-                                                for k in params):
-                return error_response(501, "a config override or model files act on one "
-                                           "server's repository; through the mesh a model "
-                                           "loads with its own config")
+            if isinstance(params, dict):
+                if any(k.startswith("file:") for k in params):
+                    return error_response(501, "model files act on one server's repository; "
+                                               "through the mesh a model loads from each "
+                                               "server's own")
+                if "config" in params:
+                    if not isinstance(params["config"], str):
+                        raise BadRequest("parameters.config must be a JSON string")
+                    config = params["config"]
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         pems = PeerCertificate(request).auth_context().get("x509_pem_cert") or [b""]
         peer = request.remote or ""
         await self.gateway.repository_control(
             model, load, pems[0], token.strip() if scheme.lower() == "bearer" else "", peer,
-            None)
+            None, config if load else "")
         return _empty(200)
 
     async def repository_index(self, request: web.Request) -> web.Response:

@@ -272,19 +272,21 @@ class KServeService:
 
     async def _repository(self, req: Any, context: grpc.aio.ServicerContext, *,
                           load: bool) -> None:
-        """Load: at least one ready replica in the mesh; unload: none (see
-        :meth:`Gateway.repository_control`), for the caller's own credential.  A config
-        override or model files in the request act on one server's repository: refused."""
-        if any(key == "config" or key.startswith("file:") for key in req.parameters):
+        """Load: at least one ready replica in the mesh (with ``config``, the Triton config
+        every replica loads with); unload: none (see :meth:`Gateway.repository_control`),
+        for the caller's own credential.  Model files act on one server's repository:
+        refused."""
+        if any(key.startswith("file:") for key in req.parameters):
             raise RouterError(grpc.StatusCode.UNIMPLEMENTED,
-                              "a config override or model files act on one server's "
-                              "repository; through the mesh a model loads with its own config")
+                              "model files act on one server's repository; through the mesh "
+                              "a model loads from each server's own")
+        config = req.parameters["config"].string_param if "config" in req.parameters else ""
         md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
         scheme, _, token = md.get("authorization", "").partition(" ")
         await self.gateway.repository_control(
             req.model_name, load, self.auth.certificate(context) or b"",
             token.strip() if scheme.lower() == "bearer" else "", str(context.peer()),
-            context.time_remaining())
+            context.time_remaining(), config if load else "")
 
     async def model_statistics(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.gateway.statistics(req.name, req.version)

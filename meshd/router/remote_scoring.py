@@ -301,11 +301,11 @@ class RemoteScoring:
         return bool(reply.managed)
 
     async def repository(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
-                         peer: str) -> str:
+                         peer: str, config: str = "") -> str:
         try:
             reply = await self.stub.ScaleModel(score_pb2.ScaleModelRequest(
                 model=model, load=load, caller_certificate_pem=certificate_pem,
-                caller_bearer=bearer, peer=peer), timeout=REPOSITORY_TIMEOUT)
+                caller_bearer=bearer, peer=peer, config=config), timeout=REPOSITORY_TIMEOUT)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise _failure(exc) from None

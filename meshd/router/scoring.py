@@ -55,7 +55,7 @@ class Scoring(Protocol):
         True when meshd places the model (a replica may come: hold the request)."""
 
     async def repository(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
-                         peer: str) -> str:
+                         peer: str, config: str = "") -> str:
         """Repository control through the router: at least one replica of ``model``
         (``load``) or none, for the caller with that credential; who it was written for, or
         :class:`~meshd.score.scorer.RepositoryRefused` (the agent's refusal)."""
@@ -104,12 +104,12 @@ class LocalScoring:
         return self.scorer.wanted(model, version)
 
     async def repository(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
-                         peer: str) -> str:
+                         peer: str, config: str = "") -> str:
         if self.scorer.repository is None:
             raise RepositoryRefused("UNIMPLEMENTED",
                                     "repository control through the mesh is model placement "
                                     "(meshd/models), which this agent does not serve")
-        return await self.scorer.repository(model, load, certificate_pem, bearer, peer)
+        return await self.scorer.repository(model, load, certificate_pem, bearer, peer, config)
 
     async def close(self) -> None:
         pass

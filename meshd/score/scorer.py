@@ -75,10 +75,11 @@ class RepositoryRefused(Exception):
 
 class Repository(Protocol):
     def __call__(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
-                 peer: str) -> Awaitable[str]:
-        """Make ``model`` have at least one replica (``load``) or none, on behalf of the
-        caller who presented ``certificate_pem`` or ``bearer``; returns who the write was
-        made for, or raises :class:`RepositoryRefused`."""
+                 peer: str, config: str = "") -> Awaitable[str]:
+        """Make ``model`` have at least one replica (``load``; with ``config``, the Triton
+        config its replicas load with) or none, on behalf of the caller who presented
+        ``certificate_pem`` or ``bearer``; returns who the write was made for, or raises
+        :class:`RepositoryRefused`."""
         ...
 
 

@@ -265,7 +265,8 @@ class ScoreService(score_pb2_grpc.ScoreServicer):
         try:
             author = await repository(request.model, request.load,
                                       bytes(request.caller_certificate_pem),
-                                      request.caller_bearer, request.peer[:256])
+                                      request.caller_bearer, request.peer[:256],
+                                      request.config)
         except RepositoryRefused as exc:
             await context.abort(getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN),
                                 str(exc))

@@ -217,18 +217,20 @@ class WantReply(_message.Message):
     def __init__(self, managed: _Optional[bool] = ...) -> None: ...
 
 class ScaleModelRequest(_message.Message):
-    __slots__ = ("model", "load", "caller_certificate_pem", "caller_bearer", "peer")
+    __slots__ = ("model", "load", "caller_certificate_pem", "caller_bearer", "peer", "config")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     CALLER_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
     CALLER_BEARER_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
     model: str
     load: bool
     caller_certificate_pem: bytes
     caller_bearer: str
     peer: str
-    def __init__(self, model: _Optional[str] = ..., load: _Optional[bool] = ..., caller_certificate_pem: _Optional[bytes] = ..., caller_bearer: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
+    config: str
+    def __init__(self, model: _Optional[str] = ..., load: _Optional[bool] = ..., caller_certificate_pem: _Optional[bytes] = ..., caller_bearer: _Optional[str] = ..., peer: _Optional[str] = ..., config: _Optional[str] = ...) -> None: ...
 
 class ScaleModelReply(_message.Message):
     __slots__ = ("author",)
