@@ -5,6 +5,7 @@ model's next placements."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 from meshd.models.fleet import GIB, Gpu, Model, Node, Pin
@@ -12,6 +13,7 @@ from meshd.models.plan import Load, plan
 from meshd.models.record import READY, PlacementRecord, Replica, decision_id
 from meshd.models.service import ModelService, footprint_of
 from meshd.models.store import FORMAT
+from policy.store import PolicyStore
 
 
 class FakeTriton:
@@ -21,7 +23,7 @@ class FakeTriton:
         self.used, self.size, self.fail = used, size, fail
         self.loaded: list[str] = []
 
-    async def load_model(self, model: str, timeout: float) -> None:
+    async def load_model(self, model: str, timeout: float, config: str = "") -> None:
         await asyncio.sleep(0)
         if self.fail:
             raise RuntimeError(self.fail)
@@ -41,8 +43,11 @@ class FakeTriton:
 
 
 class FakeControl:
+    """Takes writes; its policy group copy is a real, empty store (no pins)."""
+
     def __init__(self) -> None:
         self.writes: list[tuple[str, dict[str, Any]]] = []
+        self.views = {"policy": SimpleNamespace(store=PolicyStore())}
 
     async def write(self, group: str, cmd: dict[str, Any], timeout: float,
                     author: str) -> dict[str, Any]:

@@ -115,7 +115,7 @@ def test_defaults_of_every_kind() -> None:
                                    "hedge_after_ms": None, "shed_priority": 5}
     assert spec_of("ModelPin") == {"nodes": [], "zones": [], "gpu_types": [],
                                    "min_free_vram_mb": 0, "min_replicas": 0,
-                                   "max_replicas": None}
+                                   "max_replicas": None, "config": ""}
     assert spec_of("HealthPolicy") == {
         "auto_quarantine": True, "ecc_uncorrected": 1, "thermal_seconds": 60.0,
         "failure_ratio": 0.5, "failure_min": 10, "failure_seconds": 30.0,
@@ -147,6 +147,7 @@ def test_defaults_of_every_kind() -> None:
       "gpu_types": ["A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"], "min_free_vram_mb": 20_000,
       "min_replicas": 2, "max_replicas": 2}),
     ("ModelPin", {"max_replicas": 8.0}, {"min_replicas": 0, "max_replicas": 8}),
+    ("ModelPin", {"max_replicas": 0}, {"min_replicas": 0, "max_replicas": 0}),  # not served
     ("TrainingPlacement", {"gpus": ["0", "GPU-8f2c1e7a-aaaa-bbbb-cccc-0123456789ab",
                                     "MIG-GPU-8f2c1e7a/1/0"], "vram_mb": 40_000,
                            "state": "running", "progress": 1,
@@ -213,7 +214,6 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str, str]] = [
     ("ModelPin", {"gpu_types": ["A100", "A100"]}, "spec.gpu_types[1]", "duplicate"),
     ("ModelPin", {"min_free_vram_mb": -1}, "spec.min_free_vram_mb", "integer >= 0"),
     ("ModelPin", {"min_replicas": 1.5}, "spec.min_replicas", "got 1.5"),
-    ("ModelPin", {"max_replicas": 0}, "spec.max_replicas", "integer >= 1"),
     ("ModelPin", {"max_replicas": True}, "spec.max_replicas", "got true"),
     ("ModelPin", {"min_replicas": 3, "max_replicas": 2}, "spec.max_replicas",
      "must be >= min_replicas (3), got 2"),
