@@ -19,13 +19,11 @@ def main() -> int:
     count = int(os.environ.get("MESHD_TEST_GPUS", "2"))
     args = sys.argv[1:]
     node = args[args.index("--node") + 1] if "--node" in args else "node"
-    memory: dict[str, int] = {}
-    for field, var in (("memory_total", "MESHD_TEST_GPU_TOTAL_MB"),
-                       ("memory_free", "MESHD_TEST_GPU_FREE_MB")):
-        if os.environ.get(var):
-            memory[field] = int(os.environ[var]) << 20
+    total, free = (os.environ.get(var) for var in ("MESHD_TEST_GPU_TOTAL_MB",
+                                                    "MESHD_TEST_GPU_FREE_MB"))
     gpus = [FakeGpu(uuid=f"GPU-{node}-{i:04d}", temperature=50 + i, gpu_util=30 + 10 * i,
-                    **memory)
+                    memory_total=int(total) << 20 if total else FakeGpu.memory_total,
+                    memory_free=int(free) << 20 if free else FakeGpu.memory_free)
             for i in range(count)]
     sys.modules["pynvml"] = FakeNvml(gpus)
     from meshd.cli import main as agent  # noqa: PLC0415 - after the fake is in place

@@ -56,9 +56,14 @@ def _ready(server: TritonServer, model: str = MODEL) -> bool:
         return False
 
 
+def _call(c: Cluster, node: Node, method: str, request: Any) -> Any:
+    client: Any = c.client  # a local one: the cluster has no network namespace
+    return client._call(node.admin, method, request, 8.0)
+
+
 def _apply(c: Cluster, node: Node, doc: dict[str, Any]) -> None:
     req = admin_pb2.PolicyApplyRequest(text=json.dumps(doc), timeout_seconds=5)
-    c.client._call(node.admin, "PolicyApply", req, 8.0)
+    _call(c, node, "PolicyApply", req)
 
 
 def _try_apply(c: Cluster, doc: dict[str, Any]) -> bool:
@@ -70,15 +75,15 @@ def _try_apply(c: Cluster, doc: dict[str, Any]) -> bool:
 
 
 def _placement(c: Cluster, node: Node, model: str = MODEL) -> dict[str, Any] | None:
-    resp = c.client._call(node.admin, "PolicyGet", admin_pb2.PolicyGetRequest(
-        kind="ModelPlacement", name=model, consistent=False, timeout_seconds=3), 5.0)
+    resp = _call(c, node, "PolicyGet", admin_pb2.PolicyGetRequest(
+        kind="ModelPlacement", name=model, consistent=False, timeout_seconds=3))
     spec: dict[str, Any] | None = json.loads(resp.document_json)["spec"] if resp.found else None
     return spec
 
 
 def _why(c: Cluster, node: Node, model: str = MODEL) -> str:
     """The live plan's line for the model on ``node`` (ModelsStatus, ``meshctl models``)."""
-    resp = c.client._call(node.admin, "ModelsStatus", admin_pb2.ModelsStatusRequest(), 5.0)
+    resp = _call(c, node, "ModelsStatus", admin_pb2.ModelsStatusRequest())
     return next((str(m.why) for m in resp.models if m.model == model), "")
 
 
@@ -173,10 +178,10 @@ def test_a_model_too_large_for_any_free_gpu_memory_is_refused_with_the_sizes(
                                "spec": {"min_replicas": 1, "min_free_vram_mb": ENOUGH_MB}})
         c.wait_for(lambda: sum(map(_ready, servers)) == 1, 60, "one replica loaded")
 
-        def placed_ready() -> dict[str, Any] | None:
+        def placed_ready() -> dict[str, Any]:
             spec = _placement(c, c.nodes[1]) or {}
             reps = spec.get("replicas") or {}
-            return spec if [r["state"] for r in reps.values()] == ["ready"] else None
+            return spec if [r["state"] for r in reps.values()] == ["ready"] else {}
         spec = c.wait_for(placed_ready, 30, "the replica ready in the record")
         assert not spec.get("refused") and not spec.get("refused_reason"), spec
         (where, replica), = spec["replicas"].items()

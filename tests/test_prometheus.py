@@ -1,7 +1,8 @@
 """A real Prometheus (Debian's ``prometheus``) scraping a live mesh under load: 3 coordinators,
 a router, two GPU trainers (their NVML answered by tests/fake_nvml.py, everything else real)
-with real Triton servers attached, a two-node training job reporting its collectives, and
-tritonclient traffic through the router.
+with real Triton servers attached, a two-node training job reporting its collectives, a
+coordinator placing models (``--model-control`` beside a Triton in explicit model control: one
+pinned model loaded there, one refused), and tritonclient traffic through the router.
 
 Then every dashboard panel query in deploy/grafana must parse and its panel return data, every
 rule in deploy/prometheus must evaluate without error (Prometheus's own rule health), and every
@@ -28,7 +29,13 @@ from meshd.dev import prometheus as devprometheus
 from meshd.dev.prometheus import PrometheusServer
 from meshd.metrics.schema import METRICS
 from testbed.cluster import TRUST_DOMAIN
-from tests.test_consensus_integration import CONVERGE, Mesh, meshes, wait_ready  # noqa: F401
+from tests.test_consensus_integration import (  # noqa: F401
+    CONVERGE,
+    Mesh,
+    apply,
+    meshes,
+    wait_ready,
+)
 from tests.test_train_integration import submit, wait_job
 from tests.triton import add_sub_inputs
 
@@ -114,9 +121,12 @@ def traffic(router: str, creds: Path, stop: threading.Event, errors: list[str]) 
 def loaded(meshes: Callable[..., Mesh], triton_factory: Any,  # noqa: F811
            tmp_path: Path) -> Iterator[tuple[Mesh, PrometheusServer]]:
     a, b = triton_factory(2, timeout=120)
+    (placed,) = triton_factory(1, explicit=True, models=[], timeout=120)
     gpu = ["--role", "gpu", "--role", "trainer"]
     mesh = meshes(3, 2, start=False, extra={
-        1: ["--role", "router", "--gpu", "off"], 2: ["--gpu", "off"], 3: ["--gpu", "off"],
+        1: ["--role", "router", "--gpu", "off"], 2: ["--gpu", "off"],
+        3: ["--gpu", "off", "--triton", placed.meshd_spec, "--model-control",
+            "--model-slots", "1"],
         4: [*gpu, "--triton", a.meshd_spec],
         5: [*gpu, "--triton", b.meshd_spec]})
     c = mesh.c
@@ -140,6 +150,16 @@ def test_every_panel_and_rule_works_against_a_live_mesh(
     mesh, prom = loaded
     c, seed = mesh.c, mesh.c.seed
     c.wait_for(lambda: len(seed.members(role=["trainer"])) == 2, 20, "two trainers")
+    # Model placement (the models dashboard): add_sub pinned to one replica, which only the
+    # third coordinator can take (it loads it into its explicit-mode Triton), and a model no
+    # node can take, refused.
+    apply(c, seed, json.dumps({"kind": "ModelPin", "name": "add_sub",
+                               "spec": {"min_replicas": 1, "max_replicas": 1}}))
+    apply(c, seed, json.dumps({"kind": "ModelPin", "name": "absent",
+                               "spec": {"min_replicas": 1, "nodes": ["nowhere"]}}))
+    c.wait_for(lambda: any(n == "meshd_models_replicas" and v == 1 and lab["model"] == "add_sub"
+                           and lab["state"] == "ready" for n, lab, v in c.nodes[2].metrics()),
+               60, "add_sub placed and loaded")
     spec = {"id": "prom", "model": "logreg", "entry": "meshd.train.sample:main",
             "checkpoints": str(tmp_path / "prom"), "gpus": {"count": 2, "nodes": 2},
             "hyperparameters": {"steps": 100000, "step_seconds": 0.05,
