@@ -239,6 +239,8 @@ class Agent:
                              quota_share=self._quota_share)
         self.scorer.wanted = self.models.want
         self.scorer.repository = self._repository
+        self.scorer.placed = lambda: [d.document.name
+                                      for d in self._policy_store.list("ModelPin")]
         self.models.gpu_used = self._gpu_used
         self.models.changed = lambda: self._publish_now.set()
         self._score: object | None = None

@@ -351,6 +351,11 @@ def test_triton_s_repository_control_through_the_router_means_at_least_one_or_no
         assert not admin.is_model_ready(MODEL)
         c.wait_for(lambda: not any(_ready(s) for s in servers), 30, "the replica unloaded")
         assert _pin(c, c.nodes[1], MODEL)["max_replicas"] == 0
+        # The index lists pinned models never loaded, as Triton lists a model it has not.
+        _apply(c, c.nodes[0], {"kind": "ModelPin", "name": "delay", "spec": {"max_replicas": 0}})
+        c.wait_for(lambda: ("delay", "UNAVAILABLE") in [
+            (m.name, m.state) for m in admin.get_model_repository_index().models], 10,
+                   "a pinned model with no replica in RepositoryIndex")
         time.sleep(2)
         assert not any(_ready(s) for s in servers), "no replica comes back"
         admin.load_model(MODEL)  # and back: the cap of 0 is lifted

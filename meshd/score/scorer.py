@@ -306,6 +306,9 @@ class Scorer:
         self.wanted: Callable[[str, str], bool] = lambda model, version: False
         """Told of a request for a model with no ready replica (scale from zero, set by the
         agent: meshd.models); True when meshd places the model, so a replica may come."""
+        self.placed: Callable[[], Collection[str]] = tuple
+        """Models meshd places (their ModelPins, set by the agent): listed by :meth:`models`
+        even while no replica is loaded, as Triton lists a model it has not loaded."""
         self.repository: Repository | None = None
         """Triton's repository control through the router (set by the agent: meshd.models
         places the replicas, the admin plane checks the caller)."""
@@ -873,14 +876,20 @@ class Scorer:
     # --- what the mesh serves ---------------------------------------------------------------
 
     def models(self, now: float) -> dict[tuple[str, str], bool]:
-        """Every (model, version) any node reports, and whether a routable replica of it is
-        ready: the router's RepositoryIndex and ServerReady."""
+        """Every (model, version) any node reports, and the models meshd places with no
+        replica yet, and whether a routable replica of each is ready: the router's
+        RepositoryIndex and ServerReady."""
         seen: dict[tuple[str, str], bool] = {}
         for entry in self.fused.nodes.values():
             for r in entry.signals.replicas:
                 seen.setdefault((r.model, r.version), False)
         for model, version in seen:
             seen[(model, version)] = bool(self.weights(model, version, now)[0])
+        served = {model for model, _ in seen}
+        for key in self.placed():
+            name, _, version = key.partition(":")
+            if name not in served:
+                seen[(name, version)] = False
         return seen
 
     # --- weights (WatchTargets) --------------------------------------------------------------
