@@ -34,8 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +50,8 @@ MODEL = "delay"
 CALLERS = 8
 
 
-def ready(server: TritonServer) -> bool:
-    try:
-        with urllib.request.urlopen(f"{server.http_url}/v2/models/{MODEL}/ready",
-                                    timeout=2) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+def ready(server: TritonServer, model: str = MODEL) -> bool:
+    return server.model_ready(model)
 
 
 def caller(router: str, creds: Path, stop: threading.Event, pause: float,

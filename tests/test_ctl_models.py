@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -131,7 +129,7 @@ def test_pin_and_scale_write_the_pin_and_keep_what_they_do_not_name(
     assert out.startswith("ModelPin/resnet50 created (version "), out
     assert pin_spec(mesh, capsys, "resnet50") == {
         "nodes": ["gpu-17", "gpu-18"], "zones": ["z1"], "gpu_types": ["A100-SXM4-80GB"],
-        "min_free_vram_mb": 2048, "min_replicas": 0, "max_replicas": 4}
+        "min_free_vram_mb": 2048, "min_replicas": 0, "max_replicas": 4, "config": ""}
 
     rc, out, err = meshctl(mesh, capsys, "models", "scale", "resnet50", "3")
     assert rc == 0 and "updated" in out and "min 3, max 4" in out, (out, err)
@@ -215,12 +213,7 @@ def test_list_and_get_show_a_pin_without_replicas(
 
 
 def _triton_ready(server: TritonServer, model: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/ready",
-                                    timeout=2) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    return server.model_ready(model)
 
 
 def test_a_pinned_model_is_loaded_and_shown_ready_on_its_node(

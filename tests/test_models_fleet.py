@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +30,7 @@ COOL_DOWN = 8.0
 
 
 def _ready(server: TritonServer, model: str = MODEL) -> bool:
-    try:
-        with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/ready",
-                                    timeout=2) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    return server.model_ready(model)
 
 
 def _apply(c: Cluster, node: Node, doc: dict[str, Any]) -> None:

@@ -17,8 +17,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +46,7 @@ ENOUGH_MB = 1024
 
 
 def _ready(server: TritonServer, model: str = MODEL) -> bool:
-    try:
-        with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/ready",
-                                    timeout=2) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    return server.model_ready(model)
 
 
 def _call(c: Cluster, node: Node, method: str, request: Any) -> Any:

@@ -75,6 +75,13 @@ class Held:
     async def models(self) -> dict[tuple[str, str], bool]:
         return {}
 
+    async def want(self, model: str, version: str) -> bool:
+        return False  # no model is placed by meshd here: fail at once
+
+    async def repository(self, model: str, load: bool, certificate_pem: bytes, bearer: str,
+                         peer: str, config: str = "") -> str:
+        raise AssertionError("not called")
+
     async def close(self) -> None:
         pass
 

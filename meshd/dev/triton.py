@@ -353,6 +353,16 @@ class TritonServer:
         """``http://HOST:PORT`` (KServe v2 HTTP)."""
         return f"http://{self.host}:{self.http_port}"
 
+    def model_ready(self, model: str, timeout: float = 2.0) -> bool:
+        """Whether the server answers ``/v2/models/{model}/ready`` with 200 (False when it is
+        not ready, unknown, or the server does not answer)."""
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/v2/models/{model}/ready",
+                                        timeout=timeout) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
     @property
     def metrics_url(self) -> str:
         """``http://HOST:PORT/metrics`` (Prometheus text)."""
