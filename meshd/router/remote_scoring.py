@@ -10,12 +10,11 @@ when one is due.  Outcomes are not a round trip each: those reported before a ca
 in the call's own write, ahead of it (the gateway reports a request's outcomes as it scores
 the next one, so the agent takes both on one wake-up), and those left at the end of a turn
 of the event loop as one frame (a report lost to a broken link is a decision the agent
-releases at its deadline).  Whatever a turn of the loop sends goes out in one write at its
-end: under concurrency many requests are scored per turn.  A call the agent has not answered
-in ``CALL_TIMEOUT`` fails UNAVAILABLE; the calls are swept for that a few times a second,
-not timed one by one.  The rest is the gRPC score API: weights, used only off the hot path
-(model configs, ``ModelReady``, relayed metadata), from a ``WatchTargets`` stream per model
-that is dropped after a minute without use; the model list; the counters.
+releases at its deadline).  A call the agent has not answered in ``CALL_TIMEOUT`` fails
+UNAVAILABLE; the calls are swept for that a few times a second, not timed one by one.  The
+rest is the gRPC score API: weights, used only off the hot path (model configs,
+``ModelReady``, relayed metadata), from a ``WatchTargets`` stream per model that is dropped
+after a minute without use; the model list; the counters.
 """
 
 from __future__ import annotations
@@ -118,9 +117,6 @@ class RemoteScoring:
         self._connecting: asyncio.Future[_Link] | None = None
         self._next_call = 0
         self._outcomes: list[score_pb2.OutcomeReport] = []
-        self._out: list[bytes] = []
-        """Frames to write at the end of this turn of the loop (:meth:`_write_out`)."""
-        self._writing = False
         self._pending: deque[tuple[float, int, asyncio.Future[tuple[int, bytes]], _Link]] = \
             deque()
         """Calls in the order sent, with the time each expires (the sweep's)."""
@@ -169,26 +165,14 @@ class RemoteScoring:
         fut: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         link.calls[call] = fut
         assert link.transport is not None
+        data = score_link.frame(kind, call, payload)
         if self._outcomes:  # reported before this call: ahead of it, in the same write
-            self._out.append(self._report_frames())
-        self._out.append(score_link.frame(kind, call, payload))
-        if not self._writing:  # the calls made this turn of the loop go out in one write
-            self._writing = True
-            loop.call_soon(self._write_out, link)
+            data = self._report_frames() + data
+        link.transport.write(data)
         self._pending.append((loop.time() + CALL_TIMEOUT, call, fut, link))
         if self._sweeper is None:
             self._sweeper = loop.call_later(SWEEP, self._sweep_calls)
         return await fut
-
-    def _write_out(self, link: _Link) -> None:
-        """The frames of this turn of the loop, in one write (a call each costs both
-        processes a system call and a wake-up; at concurrency many are made per turn)."""
-        self._writing = False
-        out, self._out = self._out, []
-        if out and not link.lost and link.transport is not None \
-                and not link.transport.is_closing():
-            link.transport.write(b"".join(out))
-        # else the link is gone: its calls failed with it (connection_lost)
 
     def _sweep_calls(self) -> None:
         """Fail the calls past their time; look again while any are pending."""
@@ -249,10 +233,7 @@ class RemoteScoring:
             self._outcomes = []
             self._connect_soon()  # for the next ones
             return
-        self._out.append(self._report_frames())
-        if not self._writing:
-            self._writing = True
-            asyncio.get_running_loop().call_soon(self._write_out, link)
+        link.transport.write(self._report_frames())
 
     async def hedge_target(self, decision_id: int, replica: str) -> Choice | None:
         msg = score_pb2.HedgeRequest(decision_id=decision_id, replica=replica)
@@ -340,8 +321,6 @@ class RemoteScoring:
     async def close(self) -> None:
         if self._outcomes:  # each report releases a decision's admission: send them
             self._flush()
-        if self._out and self._link is not None:  # now: the link closes below
-            self._write_out(self._link)
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
