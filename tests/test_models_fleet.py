@@ -33,6 +33,19 @@ def _ready(server: TritonServer, model: str = MODEL) -> bool:
     return server.model_ready(model)
 
 
+def _mesh(tmp_path: Path, servers: list[TritonServer], *, router: bool = False,
+          extra: tuple[str, ...] = ()) -> Cluster:
+    """An agent beside each Triton, every one a coordinator started with ``--model-control``
+    (one CPU slot); ``n1`` the router when ``router``."""
+    n = len(servers)
+    raft = pick_raft_port([node_ip(i) for i in range(1, n + 1)])
+    return Cluster(n, tmp_path / "mesh", node_args=lambda i: [
+        "--gpu", "off", "--model-control", "--model-slots", "1", *extra,
+        "--triton", servers[i - 1].meshd_spec,
+        *(["--role", "router", "--subscribe", "*"] if router and i == 1 else []),
+        *coordinator_args(i, raft, n)])
+
+
 def _apply(c: Cluster, node: Node, doc: dict[str, Any]) -> None:
     req = admin_pb2.PolicyApplyRequest(text=json.dumps(doc), timeout_seconds=5)
     c.client._call(node.admin, "PolicyApply", req, 8.0)
@@ -47,10 +60,7 @@ def _placement(c: Cluster, node: Node, model: str = MODEL) -> dict[str, Any] | N
 def test_a_pin_of_two_loads_exactly_two_and_a_dead_node_s_replica_moves(
         tmp_path: Path, triton_factory: TritonFactory) -> None:
     servers = triton_factory(3, explicit=True, models=[])
-    raft = pick_raft_port([node_ip(i) for i in range(1, 4)])
-    c = Cluster(3, tmp_path / "mesh", node_args=lambda i: [
-        "--gpu", "off", "--model-control", "--model-slots", "1",
-        "--triton", servers[i - 1].meshd_spec, *coordinator_args(i, raft, 3)])
+    c = _mesh(tmp_path, servers)
     try:
         c.start()
         c.wait_converged(60)
@@ -110,9 +120,9 @@ def _ready_in_record(spec: dict[str, Any] | None) -> set[str]:
     return {n for n, r in (spec or {}).get("replicas", {}).items() if r["state"] == "ready"}
 
 
-def _try_apply(c: Cluster, doc: dict[str, Any]) -> bool:
+def _try_apply(c: Cluster, doc: dict[str, Any], node: Node | None = None) -> bool:
     try:
-        _apply(c, c.nodes[0], doc)
+        _apply(c, node or c.nodes[0], doc)
         return True
     except Exception:  # noqa: BLE001 - no leader yet: try again
         return False
@@ -151,12 +161,7 @@ def test_demand_adds_a_replica_and_its_end_removes_one_after_the_cool_down_losin
     """Demand surge -> a replica added; demand gone -> one removed after the cool-down, and
     the requests that kept coming meanwhile all succeed (the replica was drained first)."""
     servers = triton_factory(3, explicit=True, models=[])
-    raft = pick_raft_port([node_ip(i) for i in range(1, 4)])
-    c = Cluster(3, tmp_path / "mesh", node_args=lambda i: [
-        "--gpu", "off", "--model-control", "--model-slots", "1",
-        "--model-cool-down", str(COOL_DOWN), "--triton", servers[i - 1].meshd_spec,
-        *(["--role", "router", "--subscribe", "*"] if i == 1 else []),
-        *coordinator_args(i, raft, 3)])
+    c = _mesh(tmp_path, servers, router=True, extra=("--model-cool-down", str(COOL_DOWN)))
     stop, trickle_stop = threading.Event(), threading.Event()
     heavy: list[str] = []
     trickle: list[str] = []
@@ -219,16 +224,15 @@ def test_the_policy_leader_killed_mid_placement_leaves_no_double_load_and_no_los
     the new leader continues from the committed record: exactly the pinned count is loaded,
     never more, on the surviving nodes."""
     servers = triton_factory(3, explicit=True, models=[])
-    raft = pick_raft_port([node_ip(i) for i in range(1, 4)])
-    c = Cluster(3, tmp_path / "mesh", node_args=lambda i: [
-        "--gpu", "off", "--model-control", "--model-slots", "1",
-        "--triton", servers[i - 1].meshd_spec, *coordinator_args(i, raft, 3)])
+    c = _mesh(tmp_path, servers)
     try:
         c.start()
         c.wait_converged(60)
         leader = c.wait_for(lambda: _policy_leader(c), 60, "a policy leader")
         others = [n for n in c.nodes if n.name != leader]
-        _apply(c, others[0], {"kind": "ModelPin", "name": MODEL, "spec": {"min_replicas": 2}})
+        c.wait_for(lambda: _try_apply(c, {"kind": "ModelPin", "name": MODEL,
+                                          "spec": {"min_replicas": 2}}, others[0]), 30,
+                   "the pin written (the new mesh's connections up)")
         victim = c.node(leader)
         time.sleep(0.3)  # its first pass: decisions proposed, loads under way
         victim.kill()
@@ -279,12 +283,7 @@ def test_triton_s_repository_control_through_the_router_means_at_least_one_or_no
     from certs.spiffe import SpiffeId, any_node_dns
 
     servers = triton_factory(2, explicit=True, models=[])
-    raft = pick_raft_port([node_ip(i) for i in range(1, 3)])
-    c = Cluster(2, tmp_path / "mesh", node_args=lambda i: [
-        "--gpu", "off", "--model-control", "--model-slots", "1",
-        "--triton", servers[i - 1].meshd_spec,
-        *(["--role", "router", "--subscribe", "*"] if i == 1 else []),
-        *coordinator_args(i, raft, 2)])
+    c = _mesh(tmp_path, servers, router=True)
     viewer = tmp_path / "viewer"
     c.ca.mint(SpiffeId(TRUST_DOMAIN, "user", "vic"), ["viewer"]).save(viewer)
 
