@@ -414,8 +414,12 @@ def test_a_draining_node_takes_nothing_new_and_finishes_what_it_has(
         for _ in range(20):
             delay(via, headers=no_hedge)
         for f in inflight:
-            f.result(timeout=10)  # the drained node finished its request
-    assert served(servers[0]) == before + 1
+            f.result(timeout=10)  # the drained node finished what it had (none failed)
+    # Nothing new went to the drained node: at most the one request it held when drained
+    # (round robin sends the first two one to each node, unless a loaded machine delays the
+    # first node's telemetry), and every request was served.
+    assert served(servers[0]) - before <= 1 and served(servers[0]) <= 1
+    assert served(servers[0]) + served(servers[1]) == 22
 
 
 def test_stream_infer_sticks_to_one_replica(
