@@ -35,9 +35,10 @@ class ModelsCollector(Collector):
         refused = family("meshd_models_refused")
         p = self.models.current_plan()
         work = self.models.demand()
+        record = self.models.record()
         for key, mp in sorted(p.models.items()):
             counts = dict.fromkeys(STATES, 0)
-            for rep in self.models.record().get(key).replicas.values():
+            for rep in record.get(key).replicas.values():
                 counts[rep.state] = counts.get(rep.state, 0) + 1
             for state, count in counts.items():
                 replicas.add_metric([n, key, state], count)

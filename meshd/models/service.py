@@ -158,12 +158,12 @@ class ModelService:
                             gpus=gpus, cpu_slots=0 if gpus else slots, loaded=loaded))
         return out
 
-    def models(self) -> list[Model]:
-        """The pinned models (ModelPin policies), each with its demand."""
+    def models(self, record: PlacementRecord) -> list[Model]:
+        """The pinned models (ModelPin policies), each with its demand and the footprint
+        ``record``'s loads measured."""
         store = self.control.views["policy"].store
         demand = self.demand()
         now = self.clock()
-        record = self.record()
         out = []
         for d in store.list("ModelPin"):
             name, _, revision = d.document.name.partition(":")
@@ -182,14 +182,13 @@ class ModelService:
         it (a ModelPin for ``model:version`` or ``model``), note the want, publish it, and
         say so (the router holds the request for the replica that will come)."""
         store = self.control.views["policy"].store
-        key = next((k for k in ((f"{model}:{version}",) if version else ()) + (model,)
-                    if store.get("ModelPin", k) is not None), None)
-        if key is None:
+        pin = next((p for k in ((f"{model}:{version}",) if version else ()) + (model,)
+                    if (p := store.get("ModelPin", k)) is not None), None)
+        if pin is None:
             return False
-        pin = store.get("ModelPin", key)
-        if pin is not None and pin.document.spec.get("max_replicas") == 0:
+        if pin.document.spec.get("max_replicas") == 0:
             return False  # unloaded on purpose: no replica will come
-        self.wants.note(key, self.clock())
+        self.wants.note(pin.document.name, self.clock())
         self.changed()
         return True
 
@@ -245,7 +244,8 @@ class ModelService:
     def current_plan(self) -> Plan:
         """What the controller would decide now from this node's copy (any node can explain
         a model's placement: metrics, ``meshctl models``)."""
-        return plan(self.models(), self.fleet(), self.record(), self.clock(), self.config)
+        record = self.record()
+        return plan(self.models(record), self.fleet(), record, self.clock(), self.config)
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -294,7 +294,8 @@ class ModelService:
 
     async def _enact(self) -> None:
         assert self.runtime is not None
-        for rep in self.mine():
+        mine = self.mine()
+        for rep in mine:
             key = rep.model
             act = self._actions.get(key)
             if act is not None and not act.task.done():
@@ -307,7 +308,7 @@ class ModelService:
                 self._start(rep, "unload", self._unload(rep))
             elif rep.state == READY:
                 self._check_present(rep)
-        held = {r.model for r in self.mine()}
+        held = {r.model for r in mine}
         for key in [k for k, a in self._actions.items() if k not in held and a.task.done()]:
             del self._actions[key]
 

@@ -55,6 +55,13 @@ def load_tokens(path: Path) -> dict[str, str]:
     return out
 
 
+def bearer_token(authorization: str) -> str:
+    """The token of an ``Authorization: Bearer <token>`` value; "" for anything else (the
+    caller then presents no token: its certificate, if any, speaks for it)."""
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 

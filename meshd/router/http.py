@@ -61,7 +61,13 @@ from tritonclient.grpc import service_pb2
 
 from meshd import tracing
 from meshd.router import http_tensors as tensors
-from meshd.router.auth import SLO_HEADER, TENANT_HEADER, ClientAuth, Unauthenticated
+from meshd.router.auth import (
+    SLO_HEADER,
+    TENANT_HEADER,
+    ClientAuth,
+    Unauthenticated,
+    bearer_token,
+)
 from meshd.router.gateway import MESSAGE_HEADROOM, Caller, Gateway, RouterError, sequence_of
 from meshd.router.http_dispatch import http_code, picked
 from meshd.router.http_tensors import BadRequest, OutputError
@@ -650,12 +656,10 @@ class HttpService:
                     if not isinstance(params["config"], str):
                         raise BadRequest("parameters.config must be a JSON string")
                     config = params["config"]
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         pems = PeerCertificate(request).auth_context().get("x509_pem_cert") or [b""]
-        peer = request.remote or ""
         await self.gateway.repository_control(
-            model, load, pems[0], token.strip() if scheme.lower() == "bearer" else "", peer,
-            None, config if load else "")
+            model, load, pems[0], bearer_token(request.headers.get("Authorization", "")),
+            request.remote or "", None, config if load else "")
         return _empty(200)
 
     async def repository_index(self, request: web.Request) -> web.Response:

@@ -34,7 +34,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from meshd import tracing
-from meshd.router.auth import SLO_HEADER, ClientAuth, Unauthenticated
+from meshd.router.auth import SLO_HEADER, ClientAuth, Unauthenticated, bearer_token
 from meshd.router.gateway import Caller, Gateway, RouterError
 from meshd.router.traces import RequestTrace
 
@@ -282,10 +282,9 @@ class KServeService:
                               "a model loads from each server's own")
         config = req.parameters["config"].string_param if "config" in req.parameters else ""
         md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-        scheme, _, token = md.get("authorization", "").partition(" ")
         await self.gateway.repository_control(
             req.model_name, load, self.auth.certificate(context) or b"",
-            token.strip() if scheme.lower() == "bearer" else "", str(context.peer()),
+            bearer_token(md.get("authorization", "")), str(context.peer()),
             context.time_remaining(), config if load else "")
 
     async def model_statistics(self, req: Any, context: grpc.aio.ServicerContext) -> Any:
